@@ -1,0 +1,122 @@
+"""Option groups shared by the commands. Field names are OpenRLHF's flag names (see ../shared/FLAGS.md).
+
+Each group's first docstring line is its heading in `--help` and in docs/commands/*.md.
+Differences from OpenRLHF defaults are noted in the help text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def opt(default, help: str, **extra):  # noqa: A002 - mirrors argparse
+    """A dataclass field carrying its help text (and optional choices) for the CLI and the docs."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, **extra})
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class ModelOptions:
+    """Model"""
+
+    pretrain: str | None = opt(None, "model to train: local HF folder, hub name, .gguf file or "
+                                     "embedded:smollm2-135m-instruct")
+    attn_implementation: str = opt("sdpa", "attention kernel (OpenRLHF default flash_attention_2; sdpa runs on CPU)")
+    param_dtype: str = opt("auto", "parameter/compute dtype: auto = bf16 mixed precision on CUDA, fp32 on CPU",
+                           choices=["auto", "bf16", "fp16", "fp32"])
+    gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
+    gradient_checkpointing_use_reentrant: bool = opt(False, "use the reentrant checkpointing implementation")
+    disable_fast_tokenizer: bool = opt(False, "use the slow (Python) tokenizer")
+    lora_rank: int = opt(0, "LoRA rank; 0 trains all weights")
+    lora_alpha: int = opt(16, "LoRA alpha")
+    lora_dropout: float = opt(0.0, "LoRA dropout")
+    target_modules: list[str] = opt(["all-linear"], "modules LoRA adapts")
+
+
+@dataclass
+class DataOptions:
+    """Data"""
+
+    dataset: str | None = opt(None, "training data: comma-separated files (json/jsonl/parquet/csv), "
+                                    "save_to_disk folders or hub names")
+    dataset_probs: str | None = opt(None, "comma-separated mixing probabilities, one per --dataset entry")
+    dataset_split: str = opt("train", "split to read from folders/hub datasets")
+    eval_dataset: str | None = opt(None, "held-out data, same formats as --dataset")
+    eval_split: str = opt("train", "split of --eval_dataset")
+    max_samples: int = opt(1_000_000, "use at most this many training samples")
+    input_key: str = opt("input", "key of the prompt (string or list of chat messages)")
+    output_key: str | None = opt(None, "key of the response")
+    input_template: str | None = opt(None, "template with one {} for the prompt, e.g. 'User: {}\\nAssistant: '")
+    apply_chat_template: bool = opt(False, "format with the tokenizer's chat template")
+    tokenizer_chat_template: str | None = opt(None, "override the tokenizer's chat template (Jinja string)")
+    max_len: int = opt(2048, "maximum tokens per sample (over-long samples: see docs/data.md)")
+    packing_samples: bool = opt(False, "pack several samples per row (per-sample position ids and attention)")
+
+
+@dataclass
+class TrainOptions:
+    """Training engine (FSDP2)"""
+
+    train_batch_size: int = opt(128, "global batch size (samples per optimizer step, all ranks)")
+    micro_train_batch_size: int = opt(8, "samples per forward/backward per rank; accumulation is derived")
+    max_epochs: int = opt(1, "passes over the training data")
+    learning_rate: float = opt(5e-6, "peak learning rate")
+    lr_warmup_ratio: float = opt(0.03, "fraction of steps of linear warmup")
+    lr_scheduler: str = opt("cosine_with_min_lr", "schedule after warmup",
+                            choices=["cosine_with_min_lr", "cosine", "constant", "linear"])
+    min_lr_ratio: float = opt(0.1, "final learning rate as a fraction of the peak (cosine_with_min_lr)")
+    adam_betas: list[float] = opt([0.9, 0.95], "AdamW betas")
+    l2: float = opt(0.0, "AdamW weight decay")
+    max_norm: float = opt(1.0, "gradient clipping norm (0 disables)")
+    zero_stage: int = opt(2, "2: keep gathered params between forward and backward (FSDP2 "
+                             "reshard_after_forward=False); 3: reshard after forward", choices=[2, 3])
+    adam_offload: bool = opt(False, "FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer state on CPU "
+                                    "(CUDA only; on CPU everything already lives in host memory)")
+    seed: int = opt(42, "random seed (data order, init, sampling)")
+    full_determinism: bool = opt(False, "torch.use_deterministic_algorithms(True)")
+    eval_steps: int = opt(-1, "evaluate every N steps (-1: at the end of each epoch)")
+    aux_loss_coef: float = opt(0.0, "MoE auxiliary loss coefficient (unused for dense models)")
+
+
+@dataclass
+class CheckpointOptions:
+    """Checkpoints"""
+
+    save_path: str = opt("./ckpt", "final HF model folder (weights + tokenizer), loadable with from_pretrained")
+    save_steps: int = opt(-1, "write a full-state checkpoint every N steps (-1: never)")
+    ckpt_path: str = opt("./ckpt/checkpoints", "folder of full-state checkpoints (model, optimizer, scheduler, "
+                                               "data position, RNG)")
+    max_ckpt_num: int = opt(3, "keep at most this many full-state checkpoints")
+    load_checkpoint: bool = opt(False, "resume from the newest checkpoint in --ckpt_path")
+    save_hf_ckpt: bool = opt(False, "also write an HF folder inside each checkpoint")
+
+
+@dataclass
+class LoggingOptions:
+    """Logging"""
+
+    run_dir: str | None = opt(None, "run folder for logs, metrics.jsonl, manifest and report "
+                                    "(default runs/<command>-<time>)")
+    logging_steps: int = opt(1, "log every N steps")
+    use_tensorboard: str | None = opt(None, "TensorBoard log folder")
+    use_wandb: str | None = opt(None, "Weights & Biases: API key or 'offline'/'online' (WANDB_MODE decides)")
+    wandb_org: str | None = opt(None, "W&B entity")
+    wandb_group: str | None = opt(None, "W&B group")
+    wandb_project: str = opt("rlhfkit", "W&B project")
+    wandb_run_name: str | None = opt(None, "W&B run name (default: the run folder's name)")
+
+
+@dataclass
+class SFTOptions:
+    """SFT"""
+
+    learning_rate: float = opt(5e-6, "peak learning rate")
+    max_epochs: int = opt(2, "passes over the training data")
+    input_template: str | None = opt("User: {}\nAssistant: ", "template with one {} for the prompt "
+                                                               "(ignored with --apply_chat_template)")
+    multiturn: bool = opt(False, "loss on every assistant turn of a message list")
+    pretrain_mode: bool = opt(False, "loss on all tokens (continued pretraining)")
+
+
+COMMON_TRAIN_GROUPS: list[type] = [ModelOptions, DataOptions, TrainOptions, CheckpointOptions, LoggingOptions]

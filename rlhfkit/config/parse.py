@@ -1,0 +1,155 @@
+"""Typed option groups -> one argparse parser -> one flat config object.
+
+Every command declares its option groups (dataclasses in `options.py`). Their fields become `--flags`
+(OpenRLHF's names), `--config run.yaml` sets any of them, and `validate` checks contradictions.
+The result is a single flat dataclass instance, so code reads `cfg.pretrain` as OpenRLHF reads `args.pretrain`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# DeepSpeed internals that have no meaning under FSDP2: rejected with a reason instead of silently ignored.
+REJECTED_FLAGS: dict[str, str] = {
+    "zpg": "ZeRO++ partition groups are DeepSpeed-only; FSDP2 shards over the whole data-parallel group",
+    "overlap_comm": "FSDP2 always overlaps communication with compute; drop the flag",
+    "use_ds_universal_ckpt": "rlhfkit checkpoints are torch.distributed.checkpoint folders, already reshardable",
+    "local_rank": "torchrun and Ray set LOCAL_RANK in the environment; drop the flag",
+    "deepcompile": "DeepSpeed's compiler is not used; drop the flag",
+    "disable_ds_ckpt": "there is no DeepSpeed checkpoint to disable; use --save_steps -1 to skip full-state checkpoints",
+    "ds_tensor_parallel_size": "DeepSpeed tensor parallelism is not supported; use data parallelism (FSDP2)",
+    "use_ms": "ModelScope downloads are not supported; pass a local folder or a hub name",
+    "use_liger_kernel": "Liger kernels are not integrated; drop the flag",
+    "grad_accum_dtype": "gradients accumulate in the parameter dtype (fp32 master weights); drop the flag",
+    "deepspeed_enable_sleep": "use --fsdp_enable_offload (the FSDP2 name for putting trainer state to sleep)",
+    "max_ckpt_mem": "use --max_ckpt_num to bound checkpoint count",
+}
+
+
+class ConfigError(ValueError):
+    """A flag or config-file problem; the message names the flag and what to do."""
+
+
+def _flag_type(tp: Any) -> tuple[Any, str | None]:
+    """Return (scalar type, nargs) for a field annotation."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _flag_type(args[0])
+    if origin in (list, tuple):
+        inner = typing.get_args(tp)[0]
+        return inner, "+"
+    return tp, None
+
+
+def _resolve_hints(groups: list[type]) -> dict[str, Any]:
+    hints: dict[str, Any] = {}
+    for group in groups:
+        hints.update(typing.get_type_hints(group))
+    return hints
+
+
+def build_parser(command: str, groups: list[type], description: str = "") -> argparse.ArgumentParser:
+    """One parser from the option groups; each group is an argparse argument group named after its docstring."""
+    parser = argparse.ArgumentParser(prog=f"rlhfkit {command}", description=description,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--config", type=str, default=None, help="YAML file of flag: value pairs (CLI flags win)")
+    seen: set[str] = set()
+    hints = _resolve_hints(groups)
+    for group in groups:
+        title = (group.__doc__ or group.__name__).strip().splitlines()[0]
+        arg_group = parser.add_argument_group(title)
+        for f in dataclasses.fields(group):
+            if f.name in seen:
+                continue
+            seen.add(f.name)
+            _add_field(arg_group, f, hints[f.name])
+    return parser
+
+
+def _add_field(arg_group: Any, f: dataclasses.Field, tp: Any) -> None:
+    help_text = f.metadata.get("help", "")
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    scalar, nargs = _flag_type(tp)
+    flag = f"--{f.name}"
+    if scalar is bool:
+        arg_group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        return
+    kwargs: dict[str, Any] = {"type": scalar, "default": default, "help": help_text}
+    if nargs:
+        kwargs["nargs"] = nargs
+    if "choices" in f.metadata:
+        kwargs["choices"] = f.metadata["choices"]
+    arg_group.add_argument(flag, **kwargs)
+
+
+def make_config_class(command: str, groups: list[type]) -> type:
+    """A flat dataclass with every field of every group (first definition wins)."""
+    fields: list[tuple[str, Any, dataclasses.Field]] = []
+    seen: set[str] = set()
+    hints = _resolve_hints(groups)
+    for group in groups:
+        for f in dataclasses.fields(group):
+            if f.name not in seen:
+                seen.add(f.name)
+                fields.append((f.name, hints[f.name], f))
+    return dataclasses.make_dataclass(f"{command.title().replace('-', '')}Config", fields)
+
+
+def _load_yaml(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"--config {path}: no such file")
+    data = yaml.safe_load(file.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of flag: value, got {type(data).__name__}")
+    known = {a.dest for a in parser._actions}
+    out = {}
+    for key, value in data.items():
+        name = str(key).lstrip("-").replace("-", "_")
+        _reject_if_deepspeed(name, source=f"--config {path}")
+        if name not in known:
+            raise ConfigError(f"--config {path}: unknown key '{key}'. Run with --help for the flags this command takes.")
+        out[name] = value
+    return out
+
+
+def _reject_if_deepspeed(name: str, source: str) -> None:
+    if name in REJECTED_FLAGS:
+        raise ConfigError(f"{source}: --{name} is not supported: {REJECTED_FLAGS[name]}")
+
+
+def parse_config(command: str, groups: list[type], argv: list[str] | None = None, description: str = "") -> Any:
+    """Parse argv (and --config YAML) into a flat config object; raise ConfigError on unknown/rejected flags."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for token in argv:
+        if token.startswith("--"):
+            _reject_if_deepspeed(token[2:].split("=")[0], source="command line")
+    parser = build_parser(command, groups, description)
+    pre, _ = parser.parse_known_args(argv)
+    if pre.config:
+        parser.set_defaults(**_load_yaml(pre.config, parser))
+    ns, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise ConfigError(f"unknown flag(s) for 'rlhfkit {command}': {' '.join(unknown)}. "
+                          f"Run 'rlhfkit {command} --help' for the list.")
+    values = vars(ns)
+    values.pop("config")
+    cls = make_config_class(command, groups)
+    cfg = cls(**values)
+    cfg.__dict__["command"] = command
+    cfg.__dict__["argv"] = argv
+    return cfg
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """The resolved flags as a plain dict (for manifests and checkpoints)."""
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}

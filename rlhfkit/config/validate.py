@@ -1,0 +1,43 @@
+"""Checks across flags: each error names the flags involved and what to do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhfkit.config.parse import ConfigError
+
+
+def require(cfg: Any, *names: str) -> None:
+    """Raise when a required flag is unset."""
+    for name in names:
+        if getattr(cfg, name, None) in (None, ""):
+            raise ConfigError(f"--{name} is required for 'rlhfkit {cfg.command}'")
+
+
+def validate_batch_sizes(cfg: Any, world_size: int) -> int:
+    """Return gradient accumulation steps = train_batch_size / (micro_train_batch_size * world_size)."""
+    per_step = cfg.micro_train_batch_size * world_size
+    if cfg.micro_train_batch_size < 1 or cfg.train_batch_size < 1:
+        raise ConfigError("--train_batch_size and --micro_train_batch_size must be positive")
+    if cfg.train_batch_size % per_step:
+        raise ConfigError(
+            f"--train_batch_size {cfg.train_batch_size} is not a multiple of --micro_train_batch_size "
+            f"{cfg.micro_train_batch_size} x world size {world_size} = {per_step}; "
+            f"pick a train_batch_size divisible by {per_step}")
+    return cfg.train_batch_size // per_step
+
+
+def validate_common(cfg: Any) -> None:
+    """Contradictions every training command shares."""
+    if cfg.dataset_probs and cfg.dataset:
+        n_data, n_probs = len(cfg.dataset.split(",")), len(str(cfg.dataset_probs).split(","))
+        if n_data != n_probs:
+            raise ConfigError(f"--dataset has {n_data} entries but --dataset_probs has {n_probs}; give one each")
+    if getattr(cfg, "multiturn", False) and getattr(cfg, "pretrain_mode", False):
+        raise ConfigError("--multiturn and --pretrain_mode contradict: pretrain_mode trains on all tokens already")
+    if cfg.load_checkpoint and cfg.save_steps == -1 and not cfg.ckpt_path:
+        raise ConfigError("--load_checkpoint needs --ckpt_path")
+    if not 0.0 <= cfg.lr_warmup_ratio <= 1.0:
+        raise ConfigError(f"--lr_warmup_ratio {cfg.lr_warmup_ratio} must lie in [0, 1]")
+    if cfg.lora_rank < 0:
+        raise ConfigError("--lora_rank must be >= 0")

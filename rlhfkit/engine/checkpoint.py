@@ -1,0 +1,128 @@
+"""Checkpoints: the final HF folder, and full-state folders for exact resume.
+
+Full state = model + optimizer (torch.distributed.checkpoint, sharded, any world size can read it),
+scheduler, the trainer's position (step, epoch, samples consumed), and every rank's RNG state.
+A checkpoint is written under `<name>.tmp` and renamed when complete, so a crash never leaves a
+half-written folder that `--load_checkpoint` would pick up.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+from rlhfkit.engine.distributed import barrier
+
+STEP_PREFIX = "global_step"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded model weights on CPU (collective: every rank must call it; rank 0 receives them)."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def save_hf_folder(model: torch.nn.Module, tokenizer: Any, out_dir: str | Path,
+                   extra_config: dict[str, Any] | None = None) -> None:
+    """Write an HF folder (safetensors + config + tokenizer) that `from_pretrained` loads. Collective."""
+    state = full_state_dict(model)
+    if _rank() == 0:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        unwrapped = getattr(model, "module", model)
+        for key, value in (extra_config or {}).items():
+            setattr(unwrapped.config, key, value)
+        unwrapped.save_pretrained(out, state_dict=state, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+    barrier()
+
+
+def list_checkpoints(ckpt_path: str | Path) -> list[Path]:
+    """Complete checkpoint folders, oldest first."""
+    root = Path(ckpt_path)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX) and not p.suffix]
+    return sorted(found, key=lambda p: int(p.name[len(STEP_PREFIX):]))
+
+
+def save_checkpoint(ckpt_path: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: Any, trainer_state: dict[str, Any], max_keep: int,
+                    extra_models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None) -> Path:
+    """Write `<ckpt_path>/global_step<step>` with everything needed to resume exactly. Collective."""
+    final = Path(ckpt_path) / f"{STEP_PREFIX}{step}"
+    tmp = final.with_suffix(".tmp")
+    if _rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier()
+    models = {"model": (model, optimizer), **(extra_models or {})}
+    for name, (mod, opt) in models.items():
+        msd, osd = get_state_dict(mod, opt)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / name))
+    torch.save(rng_state(), tmp / f"rng_rank{_rank()}.pt")
+    if _rank() == 0:
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=2))
+    barrier()
+    if _rank() == 0:
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in list_checkpoints(ckpt_path)[:-max_keep] if max_keep > 0 else []:
+            shutil.rmtree(old)
+    barrier()
+    return final
+
+
+def load_checkpoint(ckpt_path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                    extra_models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None,
+                    ) -> dict[str, Any] | None:
+    """Restore the newest checkpoint in place; return its trainer state, or None when there is none."""
+    found = list_checkpoints(ckpt_path)
+    if not found:
+        return None
+    folder = found[-1]
+    models = {"model": (model, optimizer), **(extra_models or {})}
+    for name, (mod, opt) in models.items():
+        msd, osd = get_state_dict(mod, opt)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=str(folder / name))
+        set_state_dict(mod, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+    rng_file = folder / f"rng_rank{_rank()}.pt"
+    if not rng_file.exists():
+        raise FileNotFoundError(f"{rng_file} missing: resume with the same number of ranks as the saved run")
+    set_rng_state(torch.load(rng_file, weights_only=False))
+    return json.loads((folder / "trainer_state.json").read_text())

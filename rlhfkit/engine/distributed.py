@@ -1,0 +1,70 @@
+"""Process-group set-up for 1..N ranks: torchrun today, a Ray worker later (it sets the same env vars).
+
+gloo on CPU, NCCL on CUDA. A single process still gets a 1-rank group so FSDP2 runs the same code path.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def free_port() -> int:
+    """An unused TCP port on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_distributed() -> DistInfo:
+    """Join (or create) the default process group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT."""
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(free_port()))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    use_cuda = torch.cuda.is_available()
+    backend = "nccl" if use_cuda else "gloo"
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, rank=rank, world_size=world)
+    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend)
+
+
+def all_reduce_sum(value: float | torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """Sum a scalar or tensor over all ranks (float64 on the wire for scalars)."""
+    tensor = value.clone() if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float64)
+    if device is not None:
+        tensor = tensor.to(device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,48 @@
+"""FSDP2 wrapping: `fully_shard` on every decoder layer, then on the root.
+
+--zero_stage 3 -> reshard_after_forward=True (params re-gathered in backward, least memory, ZeRO-3).
+--zero_stage 2 -> reshard_after_forward=False (gathered params kept from forward to backward, ZeRO-2-like).
+--adam_offload -> CPUOffloadPolicy (CUDA only). bf16 -> MixedPrecisionPolicy(param bf16, reduce fp32).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated transformer blocks: modules whose class is in the model's `_no_split_modules`."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    base = getattr(model, "base_model", model)
+    names |= set(getattr(base, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"cannot find decoder layers to shard in {type(model).__name__}: "
+                         f"its _no_split_modules is {sorted(names)}")
+    return layers
+
+
+def compute_dtype(param_dtype: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 on CUDA, fp32 on CPU."""
+    if param_dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[param_dtype]
+
+
+def shard_model(model: nn.Module, *, zero_stage: int, device: torch.device, param_dtype: str = "auto",
+                cpu_offload: bool = False) -> nn.Module:
+    """Apply FSDP2 in place and return the model (master weights stay fp32; compute in the chosen dtype)."""
+    dtype = compute_dtype(param_dtype, device)
+    kwargs: dict = {"reshard_after_forward": zero_stage == 3}
+    if dtype != torch.float32:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    if cpu_offload and device.type == "cuda":
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    if not (cpu_offload and device.type == "cuda"):
+        model.to(device)
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model

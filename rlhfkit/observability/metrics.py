@@ -1,0 +1,69 @@
+"""Metric sinks: metrics.jsonl (always), TensorBoard (--use_tensorboard), W&B (--use_wandb)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLogger:
+    """Writes one JSON object per logged step; mirrors scalars to TensorBoard and W&B when asked. Rank 0 only."""
+
+    def __init__(self, run_dir: str | Path, cfg: Any, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.tb = None
+        self.wandb_run = None
+        if not enabled:
+            return
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.file = self.path.open("a", buffering=1)
+        if getattr(cfg, "use_tensorboard", None):
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(Path(cfg.use_tensorboard) / Path(run_dir).name))
+        if getattr(cfg, "use_wandb", None):
+            self.wandb_run = _start_wandb(cfg, run_dir)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(row) + "\n")
+        scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
+        if self.tb is not None:
+            for key, value in scalars.items():
+                self.tb.add_scalar(key, value, step)
+        if self.wandb_run is not None:
+            self.wandb_run.log(scalars, step=step)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def _start_wandb(cfg: Any, run_dir: str | Path):
+    import wandb
+
+    key = cfg.use_wandb
+    if key in ("offline", "online"):
+        os.environ["WANDB_MODE"] = key
+    elif key not in ("1", "true", "True"):
+        wandb.login(key=key)
+    return wandb.init(project=cfg.wandb_project, entity=cfg.wandb_org, group=cfg.wandb_group,
+                      name=cfg.wandb_run_name or Path(run_dir).name, dir=str(run_dir), config=vars(cfg).copy())

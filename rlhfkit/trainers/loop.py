@@ -1,0 +1,202 @@
+"""The one training loop every offline method (SFT, RM, DPO, KTO, KD, PRM) runs on.
+
+A method plugs in an `OfflineMethod`: how to collate samples, how much each sample weighs in the
+normaliser (tokens for SFT, pairs for DPO), and a loss that returns a *sum* over its micro-batch.
+The loop divides by the global weight of the whole optimizer step (all-reduced across ranks), so the
+loss and the gradients do not depend on how the global batch is split into ranks and micro-batches:
+
+    loss_step = sum_{micro-batches, ranks} loss_sum / sum_{micro-batches, ranks} weight
+
+Read top to bottom: plan -> (resume) -> for each epoch, for each step: micro-batches -> backward ->
+optimizer step -> log -> checkpoint -> eval; then save the HF folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlhfkit.config.parse import ConfigError
+from rlhfkit.config.validate import validate_batch_sizes
+from rlhfkit.engine.checkpoint import load_checkpoint, save_checkpoint, save_hf_folder
+from rlhfkit.engine.distributed import DistInfo, all_reduce_sum
+from rlhfkit.engine.train_engine import TrainEngine
+from rlhfkit.observability.console import print_derived_table, progress_bar
+from rlhfkit.observability.metrics import MetricsLogger
+
+log = logging.getLogger("rlhfkit")
+
+Sample = dict[str, Any]
+
+
+@dataclass
+class OfflineMethod:
+    """What a method contributes to the shared loop."""
+
+    name: str
+    collate: Callable[[list[Sample]], dict[str, Any]]
+    weight: Callable[[Sample], float]
+    loss: Callable[[nn.Module, dict[str, Any]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+    tokens: Callable[[Sample], int]
+
+
+@dataclass
+class StepPlan:
+    world_size: int
+    accumulation: int
+    steps_per_epoch: int
+    total_steps: int
+
+
+def plan_steps(cfg: Any, num_samples: int, world_size: int) -> StepPlan:
+    """Derive accumulation and step counts; an epoch drops its last incomplete global batch (logged)."""
+    accumulation = validate_batch_sizes(cfg, world_size)
+    steps_per_epoch = num_samples // cfg.train_batch_size
+    if steps_per_epoch == 0:
+        raise ConfigError(f"the training set has {num_samples} samples, fewer than --train_batch_size "
+                          f"{cfg.train_batch_size}: lower --train_batch_size or add data")
+    return StepPlan(world_size, accumulation, steps_per_epoch, steps_per_epoch * cfg.max_epochs)
+
+
+def epoch_order(num_samples: int, seed: int, epoch: int) -> list[int]:
+    """The sample order of an epoch: a permutation that depends only on (seed, epoch)."""
+    generator = torch.Generator().manual_seed(seed * 1000 + epoch)
+    return torch.randperm(num_samples, generator=generator).tolist()
+
+
+def rank_micro_batches(global_batch: list[int], rank: int, world: int, micro: int) -> list[list[int]]:
+    """This rank's share of a global batch (strided), cut into micro-batches."""
+    mine = global_batch[rank::world]
+    return [mine[i:i + micro] for i in range(0, len(mine), micro)]
+
+
+def _sum_metrics(into: dict[str, float], new: dict[str, torch.Tensor]) -> None:
+    for key, value in new.items():
+        into[key] = into.get(key, 0.0) + float(value.detach())
+
+
+def _reduce_metrics(sums: dict[str, float], weight: float) -> dict[str, float]:
+    keys = sorted(sums)
+    if not keys:
+        return {}
+    totals = all_reduce_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
+    return {k: float(v) / weight for k, v in zip(keys, totals)}
+
+
+def train_step(engine: TrainEngine, method: OfflineMethod, samples: list[Sample],
+               micro_batches: list[list[int]], world: int) -> tuple[dict[str, float], int]:
+    """Forward/backward every micro-batch of this rank, then one optimizer step. Returns (metrics, local tokens)."""
+    local_weight = sum(method.weight(samples[i]) for mb in micro_batches for i in mb)
+    global_weight = float(all_reduce_sum(local_weight))
+    if global_weight <= 0:
+        raise ValueError(f"a {method.name} step has no training targets (weight 0): every sample in the global "
+                         "batch has an empty loss mask. Check --max_len and the data's response fields.")
+    sums: dict[str, float] = {}
+    tokens = 0
+    for mb in micro_batches:
+        batch = method.collate([samples[i] for i in mb])
+        loss_sum, metric_sums = method.loss(engine.model, batch)
+        (loss_sum * (world / global_weight)).backward()
+        _sum_metrics(sums, {"loss": loss_sum, **metric_sums})
+        tokens += sum(method.tokens(samples[i]) for i in mb)
+    metrics = _reduce_metrics(sums, global_weight)
+    metrics["lr"] = engine.lr
+    metrics["grad_norm"] = engine.optimizer_step()
+    return metrics, tokens
+
+
+@torch.no_grad()
+def evaluate(engine: TrainEngine, method: OfflineMethod, samples: list[Sample], dist_info: DistInfo,
+             micro: int) -> dict[str, float]:
+    """Global weighted mean of the loss (and method metrics) over the eval set, sharded across ranks."""
+    engine.eval()
+    indices = list(range(len(samples)))[dist_info.rank::dist_info.world_size]
+    sums: dict[str, float] = {}
+    weight = 0.0
+    for start in range(0, len(indices), micro):
+        chunk = [samples[i] for i in indices[start:start + micro]]
+        loss_sum, metric_sums = method.loss(engine.model, method.collate(chunk))
+        _sum_metrics(sums, {"loss": loss_sum, **metric_sums})
+        weight += sum(method.weight(s) for s in chunk)
+    # Every rank must enter the same collectives even with an empty shard.
+    total_weight = float(all_reduce_sum(weight))
+    engine.train()
+    keys = ["loss", *sorted(k for k in sums if k != "loss")] if sums else ["loss"]
+    totals = all_reduce_sum(torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64))
+    return {k: float(v) / max(total_weight, 1e-12) for k, v in zip(keys, totals)}
+
+
+def train_offline(cfg: Any, dist_info: DistInfo, engine: TrainEngine, tokenizer: Any, method: OfflineMethod,
+                  train_samples: list[Sample], plan: StepPlan, eval_samples: list[Sample] | None = None,
+                  data_stats: dict[str, Any] | None = None, extra_config: dict[str, Any] | None = None,
+                  ) -> dict[str, Any]:
+    """Run the whole training; returns the last train and eval metrics."""
+    world, rank = dist_info.world_size, dist_info.rank
+    tokens_per_step = sum(method.tokens(s) for s in train_samples) / max(1, len(train_samples)) * cfg.train_batch_size
+    if dist_info.is_main:
+        print_derived_table(f"rlhfkit {cfg.command}", {
+            "world size": world, "train samples": len(train_samples), "train batch (global)": cfg.train_batch_size,
+            "micro batch (per rank)": cfg.micro_train_batch_size, "accumulation steps": plan.accumulation,
+            "steps per epoch": plan.steps_per_epoch, "epochs": cfg.max_epochs, "total steps": plan.total_steps,
+            "tokens per step (mean)": int(tokens_per_step),
+            "dropped per epoch (incomplete batch)": len(train_samples) - plan.steps_per_epoch * cfg.train_batch_size,
+            **{f"data: {k}": v for k, v in (data_stats or {}).items()},
+            "run dir": cfg.run_dir})
+    global_step, start_epoch, start_in_epoch = 0, 0, 0
+    if cfg.load_checkpoint:
+        state = load_checkpoint(cfg.ckpt_path, engine.model, engine.optimizer, engine.scheduler)
+        if state is None:
+            log.info("--load_checkpoint: no checkpoint in %s, starting fresh", cfg.ckpt_path)
+        else:
+            global_step, start_epoch, start_in_epoch = state["step"], state["epoch"], state["step_in_epoch"]
+            log.info("resumed from step %d (epoch %d, step %d in epoch)", global_step, start_epoch, start_in_epoch)
+    metrics_log = MetricsLogger(cfg.run_dir, cfg, enabled=dist_info.is_main)
+    bar = progress_bar(plan.total_steps, global_step, dist_info.is_main, f"{cfg.command}")
+    last: dict[str, Any] = {}
+    engine.train()
+    for epoch in range(start_epoch, cfg.max_epochs):
+        order = epoch_order(len(train_samples), cfg.seed, epoch)
+        first = start_in_epoch if epoch == start_epoch else 0
+        for step_in_epoch in range(first, plan.steps_per_epoch):
+            began = time.perf_counter()
+            global_batch = order[step_in_epoch * cfg.train_batch_size:(step_in_epoch + 1) * cfg.train_batch_size]
+            micro = rank_micro_batches(global_batch, rank, world, cfg.micro_train_batch_size)
+            metrics, tokens = train_step(engine, method, train_samples, micro, world)
+            global_step += 1
+            seconds = time.perf_counter() - began
+            metrics["tokens_per_s"] = float(all_reduce_sum(tokens)) / seconds
+            metrics["step_seconds"] = seconds
+            metrics["epoch"] = epoch
+            last = {f"train/{k}": v for k, v in metrics.items()}
+            if global_step % cfg.logging_steps == 0:
+                metrics_log.log(global_step, last)
+            bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.2e}",
+                            tok_s=f"{metrics['tokens_per_s']:.0f}")
+            bar.update(1)
+            done_epoch = step_in_epoch + 1 == plan.steps_per_epoch
+            if cfg.save_steps > 0 and global_step % cfg.save_steps == 0:
+                next_pos = (epoch + 1, 0) if done_epoch else (epoch, step_in_epoch + 1)
+                save_checkpoint(cfg.ckpt_path, global_step, engine.model, engine.optimizer, engine.scheduler,
+                                {"epoch": next_pos[0], "step_in_epoch": next_pos[1]}, cfg.max_ckpt_num)
+                if cfg.save_hf_ckpt:
+                    save_hf_folder(engine.model, tokenizer, f"{cfg.ckpt_path}/global_step{global_step}/hf",
+                                   extra_config)
+            if eval_samples and ((cfg.eval_steps > 0 and global_step % cfg.eval_steps == 0)
+                                 or (cfg.eval_steps <= 0 and done_epoch)):
+                evaluated = evaluate(engine, method, eval_samples, dist_info, cfg.micro_train_batch_size)
+                eval_metrics = {f"eval/{k}": v for k, v in evaluated.items()}
+                metrics_log.log(global_step, eval_metrics)
+                last.update(eval_metrics)
+                log.info("step %d eval: %s", global_step, {k: round(v, 4) for k, v in eval_metrics.items()})
+    bar.close()
+    save_hf_folder(engine.model, tokenizer, cfg.save_path, extra_config)
+    if dist_info.is_main:
+        log.info("saved HF model to %s", cfg.save_path)
+    metrics_log.close()
+    return last
