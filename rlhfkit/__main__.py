@@ -1,0 +1,3 @@
+from rlhfkit.cli.main import main
+
+main()

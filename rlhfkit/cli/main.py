@@ -1,0 +1,39 @@
+"""`rlhfkit <command> [flags]`: dispatch to `rlhfkit.cli.<command>.main`."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from rlhfkit.config.parse import ConfigError
+
+COMMANDS = {
+    "sft": "supervised fine-tuning",
+}
+
+
+def usage() -> str:
+    lines = ["usage: rlhfkit <command> [flags]   (rlhfkit <command> --help lists the flags)", "", "commands:"]
+    lines += [f"  {name:<12} {text}" for name, text in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"rlhfkit: unknown command '{command}'\n\n{usage()}", file=sys.stderr)
+        raise SystemExit(2)
+    module = importlib.import_module(f"rlhfkit.cli.{command.replace('-', '_')}")
+    try:
+        module.main(rest)
+    except ConfigError as err:
+        print(f"rlhfkit {command}: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Pieces every offline method shares: the per-token log-probs of a batch, and the command scaffold
+(distributed init -> run folder -> tokenizer -> data -> plan -> model -> engine -> loop)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlhfkit.config.validate import require, validate_common
+from rlhfkit.data.collate import model_inputs
+from rlhfkit.data.readers import blend_datasets
+from rlhfkit.engine.distributed import DistInfo, init_distributed, shutdown_distributed
+from rlhfkit.engine.train_engine import TrainEngine
+from rlhfkit.models.loading import load_tokenizer
+from rlhfkit.models.logprobs import log_probs_from_logits
+from rlhfkit.observability.run import prepare_run_dir
+from rlhfkit.trainers.loop import OfflineMethod, plan_steps, train_offline
+
+log = logging.getLogger("rlhfkit")
+
+
+def target_log_probs(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(x_t | x_<t) for t >= 1 and the matching loss mask, both [B, T-1] (float32)."""
+    logits = model(**model_inputs(batch)).logits[:, :-1]
+    log_probs = log_probs_from_logits(logits.float(), batch["input_ids"][:, 1:])
+    return log_probs, batch["loss_mask"][:, 1:].to(log_probs.dtype)
+
+
+def load_split(cfg: Any, spec: str | None, split: str, probs: str | None = None,
+               max_samples: int | None = None):
+    """Read (and mix) the datasets named by a comma-separated flag value; None when the flag is unset."""
+    if not spec:
+        return None
+    return blend_datasets(spec, probs, split=split, seed=cfg.seed, max_samples=max_samples)
+
+
+def run_offline_command(
+    cfg: Any,
+    build_samples: Callable[[Any, Any, Any], tuple[list[dict], dict[str, Any]]],
+    build_method: Callable[[Any, Any, DistInfo], OfflineMethod],
+    load_model: Callable[[Any, DistInfo], nn.Module],
+    extra_config: Callable[[list[dict]], dict[str, Any]] | None = None,
+    after_training: Callable[[Any, TrainEngine, Any, dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """The scaffold of every offline command; the method supplies samples, loss and model."""
+    require(cfg, "pretrain", "dataset")
+    validate_common(cfg)
+    dist_info = init_distributed()
+    try:
+        torch.manual_seed(cfg.seed)
+        if cfg.full_determinism:
+            torch.use_deterministic_algorithms(True)
+        prepare_run_dir(cfg, dist_info.is_main, dist_info.world_size)
+        tokenizer = load_tokenizer(cfg.pretrain)
+        if cfg.tokenizer_chat_template:
+            tokenizer.chat_template = cfg.tokenizer_chat_template
+        train_rows = load_split(cfg, cfg.dataset, cfg.dataset_split, cfg.dataset_probs, cfg.max_samples)
+        train_samples, stats = build_samples(cfg, tokenizer, train_rows)
+        log.info("training data: %s", stats)
+        eval_samples = None
+        if cfg.eval_dataset:
+            eval_samples, eval_stats = build_samples(cfg, tokenizer, load_split(cfg, cfg.eval_dataset, cfg.eval_split))
+            log.info("eval data: %s", eval_stats)
+        plan = plan_steps(cfg, len(train_samples), dist_info.world_size)
+        engine = TrainEngine(load_model(cfg, dist_info), cfg, dist_info, plan.total_steps)
+        method = build_method(cfg, tokenizer, dist_info)
+        result = train_offline(cfg, dist_info, engine, tokenizer, method, train_samples, plan, eval_samples,
+                               data_stats=stats, extra_config=extra_config(train_samples) if extra_config else None)
+        if after_training is not None:
+            after_training(cfg, engine, tokenizer, result)
+        return result
+    finally:
+        shutdown_distributed()

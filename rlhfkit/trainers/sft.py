@@ -1,0 +1,55 @@
+"""SFT: next-token cross-entropy on the target tokens (response, every assistant turn, or all tokens).
+
+    loss = - sum_{t in targets} log p(x_t | x_<t)  /  |targets|    (over the whole global batch)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlhfkit.data.collate import collate_packed, collate_padded
+from rlhfkit.data.sft import build_sft_samples
+from rlhfkit.engine.distributed import DistInfo
+from rlhfkit.models.loading import load_causal_lm
+from rlhfkit.models.lora import apply_lora
+from rlhfkit.trainers.common import target_log_probs
+from rlhfkit.trainers.loop import OfflineMethod
+
+
+def sft_samples(cfg: Any, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
+    return build_sft_samples(rows, tokenizer, input_key=cfg.input_key, output_key=cfg.output_key,
+                             input_template=cfg.input_template, apply_chat_template=cfg.apply_chat_template,
+                             max_len=cfg.max_len, multiturn=cfg.multiturn, pretrain_mode=cfg.pretrain_mode)
+
+
+def target_count(sample: dict[str, Any]) -> float:
+    """Number of predicted target tokens (the first token is never predicted)."""
+    return float(sum(sample["loss_mask"][1:]))
+
+
+def sft_loss(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Sum of target-token NLL over the micro-batch (the loop divides by the global target count)."""
+    log_probs, mask = target_log_probs(model, batch)
+    return -(log_probs * mask).sum(), {}
+
+
+def collate_for(cfg: Any, tokenizer: Any):
+    pad_id = tokenizer.pad_token_id
+    if cfg.packing_samples:
+        return lambda samples: collate_packed(samples, pad_token_id=pad_id)
+    return lambda samples: collate_padded(samples, pad_token_id=pad_id)
+
+
+def sft_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
+    return OfflineMethod(name="sft", collate=collate_for(cfg, tokenizer), weight=target_count, loss=sft_loss,
+                         tokens=lambda s: len(s["input_ids"]))
+
+
+def load_policy(cfg: Any, dist_info: DistInfo) -> nn.Module:
+    model = load_causal_lm(cfg.pretrain, attn_implementation=cfg.attn_implementation)
+    if cfg.lora_rank > 0:
+        model = apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.target_modules, cfg.lora_dropout)
+    return model

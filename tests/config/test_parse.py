@@ -1,0 +1,60 @@
+import pytest
+
+from rlhfkit.config.options import COMMON_TRAIN_GROUPS, SFTOptions
+from rlhfkit.config.parse import ConfigError, parse_config
+from rlhfkit.config.validate import validate_batch_sizes, validate_common
+
+GROUPS = [SFTOptions, *COMMON_TRAIN_GROUPS]
+
+
+def test_flags_parse_into_a_flat_config_with_openrlhf_names():
+    cfg = parse_config("sft", GROUPS, ["--pretrain", "m", "--adam_betas", "0.8", "0.9", "--apply_chat_template",
+                                       "--micro_train_batch_size", "3"])
+    assert cfg.pretrain == "m"
+    assert cfg.adam_betas == [0.8, 0.9]
+    assert cfg.apply_chat_template is True
+    assert cfg.micro_train_batch_size == 3
+    assert cfg.max_epochs == 2  # the SFT group's default wins over the generic one
+
+
+def test_yaml_config_sets_flags_and_the_command_line_wins(tmp_path):
+    run = tmp_path / "run.yaml"
+    run.write_text("pretrain: from_yaml\nlearning_rate: 0.001\nmax_len: 64\n")
+    cfg = parse_config("sft", GROUPS, ["--config", str(run), "--max_len", "32"])
+    assert cfg.pretrain == "from_yaml"
+    assert cfg.learning_rate == pytest.approx(0.001)
+    assert cfg.max_len == 32
+
+
+def test_unknown_flag_and_unknown_yaml_key_are_named(tmp_path):
+    with pytest.raises(ConfigError, match="--not_a_flag"):
+        parse_config("sft", GROUPS, ["--not_a_flag", "1"])
+    run = tmp_path / "run.yaml"
+    run.write_text("learnin_rate: 0.1\n")
+    with pytest.raises(ConfigError, match="learnin_rate"):
+        parse_config("sft", GROUPS, ["--config", str(run)])
+
+
+def test_deepspeed_only_flags_are_rejected_with_a_reason():
+    with pytest.raises(ConfigError, match="--zpg is not supported"):
+        parse_config("sft", GROUPS, ["--zpg", "2"])
+    with pytest.raises(ConfigError, match="--overlap_comm"):
+        parse_config("sft", GROUPS, ["--overlap_comm"])
+
+
+def test_batch_sizes_must_divide_and_accumulation_is_derived():
+    cfg = parse_config("sft", GROUPS, ["--train_batch_size", "8", "--micro_train_batch_size", "2"])
+    assert validate_batch_sizes(cfg, world_size=2) == 2
+    assert validate_batch_sizes(cfg, world_size=1) == 4
+    cfg = parse_config("sft", GROUPS, ["--train_batch_size", "6", "--micro_train_batch_size", "4"])
+    with pytest.raises(ConfigError, match="--train_batch_size 6 is not a multiple"):
+        validate_batch_sizes(cfg, world_size=1)
+
+
+def test_contradictory_flags_are_reported():
+    cfg = parse_config("sft", GROUPS, ["--multiturn", "--pretrain_mode"])
+    with pytest.raises(ConfigError, match="--multiturn and --pretrain_mode"):
+        validate_common(cfg)
+    cfg = parse_config("sft", GROUPS, ["--dataset", "a.jsonl,b.jsonl", "--dataset_probs", "1.0"])
+    with pytest.raises(ConfigError, match="--dataset_probs has 1"):
+        validate_common(cfg)
