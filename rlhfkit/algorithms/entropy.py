@@ -1,0 +1,28 @@
+"""Policy entropy from logits (``--entropy_loss_coef``)."""
+
+from __future__ import annotations
+
+import torch
+
+from .normalize import aggregate_loss, compute_dtype
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Per-position entropy of ``softmax(z)`` over the last dim: ``H = logsumexp(z) - sum_v p_v z_v``,
+    in at least float32; ``-inf`` logits (banned tokens) contribute 0."""
+    z = logits.to(compute_dtype(logits))
+    p = torch.softmax(z, dim=-1)
+    pz = torch.where(p > 0, p * z, torch.zeros((), dtype=z.dtype, device=z.device))
+    return torch.logsumexp(z, dim=-1) - pz.sum(dim=-1)
+
+
+def policy_entropy(
+    logits: torch.Tensor,
+    action_mask: torch.Tensor | None,
+    *,
+    loss_agg_mode: str = "token_mean",
+    num_tokens: float | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Aggregated entropy ``agg_t H(pi(. | s_t))`` over valid tokens; ``logits`` is ``[batch, len, vocab]``
+    aligned with ``action_mask`` ``[batch, len]``. The entropy bonus is ``loss -= entropy_loss_coef * this``."""
+    return aggregate_loss(entropy_from_logits(logits), action_mask, loss_agg_mode, num_tokens=num_tokens)

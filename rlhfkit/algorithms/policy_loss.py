@@ -1,0 +1,84 @@
+"""The PPO clipped surrogate policy loss with asymmetric and dual clipping (``--eps_clip``,
+``--eps_clip_low_high``, ``--dual_clip``), optionally weighted by off-policy importance weights."""
+
+from __future__ import annotations
+
+import torch
+
+from .kl import log_ratio
+from .normalize import aggregate_loss, as_bool_mask, masked_mean
+
+
+def clip_bounds(eps_clip: float = 0.2, eps_clip_low_high: tuple[float, float] | None = None) -> tuple[float, float]:
+    """``(eps_low, eps_high)``: ``--eps_clip_low_high`` when given, else ``(eps_clip, eps_clip)``."""
+    low, high = (eps_clip, eps_clip) if eps_clip_low_high is None else eps_clip_low_high
+    if low < 0 or high < 0 or low > 1:
+        raise ValueError(f"clip range must satisfy 0 <= eps_low <= 1 and eps_high >= 0, got ({low}, {high})")
+    return float(low), float(high)
+
+
+def ppo_policy_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    action_mask: torch.Tensor | None,
+    *,
+    eps_clip: float = 0.2,
+    eps_clip_low_high: tuple[float, float] | None = None,
+    dual_clip: float | None = None,
+    loss_agg_mode: str = "token_mean",
+    is_weights: torch.Tensor | None = None,
+    num_tokens: float | torch.Tensor | None = None,
+    log_ratio_clip: float = 20.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate, per token then aggregated (``loss_agg_mode``, see ``normalize.aggregate_loss``):
+
+    ``rho = exp(clamp(log pi - log pi_old, -20, 20))``, ``s1 = rho A``, ``s2 = clip(rho, 1 - eps_low, 1 + eps_high) A``,
+    ``l = -min(s1, s2)``; with dual clip ``c > 1``: ``l = -max(min(s1, s2), c A)`` where ``A < 0``;
+    with off-policy weights ``w`` (``offpolicy.importance_weights``, treated as constants): ``l <- w l``.
+
+    Returns ``(loss, metrics)``; metrics (detached scalars over valid tokens): ``clip_frac`` (share of tokens
+    where the clipped term is active, ``s2 < s1``), ``dual_clip_frac``, ``approx_kl`` (``mean(log pi_old - log pi)``),
+    ``ratio_mean``, ``ratio_max``, ``ratio_min``.
+    """
+    low, high = clip_bounds(eps_clip, eps_clip_low_high)
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"--dual_clip must be > 1, got {dual_clip}")
+    m = as_bool_mask(action_mask, log_probs)
+    lr = log_ratio(log_probs, old_log_probs.detach(), log_ratio_clip)
+    adv = advantages.detach().to(lr.dtype)
+    ratio = lr.exp()
+    surr1 = ratio * adv
+    surr2 = ratio.clamp(1.0 - low, 1.0 + high) * adv
+    clipped = torch.min(surr1, surr2)
+    objective = clipped
+    dual_active = torch.zeros_like(m)
+    if dual_clip is not None:
+        dual_active = (adv < 0) & (dual_clip * adv > clipped)
+        objective = torch.where(dual_active, dual_clip * adv, clipped)
+    loss = -objective
+    if is_weights is not None:
+        loss = loss * is_weights.detach().to(loss.dtype)
+    total = aggregate_loss(loss, m, loss_agg_mode, num_tokens=num_tokens)
+    with torch.no_grad():
+        metrics = {
+            "clip_frac": masked_mean((surr2 < surr1).to(lr.dtype), m),
+            "dual_clip_frac": masked_mean(dual_active.to(lr.dtype), m),
+            "approx_kl": masked_mean(-lr, m),
+            **ratio_stats(ratio, m),
+        }
+    return total, metrics
+
+
+def ratio_stats(ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``ratio_mean``, ``ratio_max``, ``ratio_min`` of ``ratio`` over valid tokens (0 when none is valid)."""
+    m = as_bool_mask(mask, ratio)
+    ratio = ratio.detach()
+    any_valid = m.any()
+    inf = torch.tensor(float("inf"), dtype=ratio.dtype, device=ratio.device)
+    zero = ratio.new_zeros(())
+    return {
+        "ratio_mean": masked_mean(ratio, m),
+        "ratio_max": torch.where(any_valid, torch.where(m, ratio, -inf).amax(), zero),
+        "ratio_min": torch.where(any_valid, torch.where(m, ratio, inf).amin(), zero),
+    }

@@ -1,0 +1,155 @@
+"""Reward shaping, clipping, running normalisation and KL-coefficient controllers.
+
+A sequence reward ``r_b`` (one scalar per response, ``[batch]``) becomes a token reward ``[batch, response_len]``:
+it is placed on the last valid token and a KL penalty ``-beta * kl_t`` is added on every valid token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .normalize import as_bool_mask, compute_dtype, global_sum_and_count, masked_var
+
+
+def clip_rewards(rewards: torch.Tensor, clip_range: tuple[float, float] | None) -> torch.Tensor:
+    """``clamp(r, low, high)`` for ``clip_range = (low, high)`` (``--reward_clip_range``); None: unchanged."""
+    if clip_range is None:
+        return rewards
+    low, high = clip_range
+    if low > high:
+        raise ValueError(f"--reward_clip_range must be (low, high) with low <= high, got {clip_range}")
+    return rewards.clamp(low, high)
+
+
+def last_token_index(action_mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last valid token of each row, ``max{t : m[b, t] != 0}``; -1 for a row with no valid token."""
+    m = action_mask != 0
+    positions = torch.arange(m.shape[-1], device=m.device).expand_as(m)
+    return torch.where(m, positions, torch.full_like(positions, -1)).amax(dim=-1)
+
+
+def shape_rewards(
+    rewards: torch.Tensor,
+    action_mask: torch.Tensor,
+    kl: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> torch.Tensor:
+    """Token rewards ``R[b, t] = 1[t = T_b] * r_b - kl_coef * kl[b, t]`` on valid tokens, 0 elsewhere.
+
+    ``T_b`` is the last valid token of row b (a row with no valid token gets nothing: its reward has nowhere to
+    go). ``kl`` is the per-token estimate from ``kl.compute_kl`` (``--kl_estimator``); ``kl_coef`` is
+    ``--init_kl_coef`` (0 with ``--use_kl_loss``, where KL is a loss term instead). Clip ``rewards`` first with
+    :func:`clip_rewards` if wanted.
+    """
+    if rewards.dim() != 1 or action_mask.dim() != 2 or rewards.shape[0] != action_mask.shape[0]:
+        raise ValueError(
+            f"shape_rewards wants rewards [batch] and action_mask [batch, len], got {tuple(rewards.shape)} and "
+            f"{tuple(action_mask.shape)}"
+        )
+    if kl_coef < 0:
+        raise ValueError(f"the KL coefficient must be >= 0, got {kl_coef}")
+    m = as_bool_mask(action_mask, action_mask)
+    dtype = compute_dtype(rewards)
+    last = last_token_index(m)
+    at_last = torch.arange(m.shape[-1], device=m.device).unsqueeze(0) == last.unsqueeze(-1)
+    out = torch.where(at_last, rewards.to(dtype).unsqueeze(-1), torch.zeros((), dtype=dtype, device=m.device))
+    if kl is not None and kl_coef != 0:
+        if kl.shape != m.shape:
+            raise ValueError(f"kl has shape {tuple(kl.shape)}, the action mask {tuple(m.shape)}")
+        out = out - kl_coef * kl.to(dtype)
+    return torch.where(m, out, torch.zeros((), dtype=dtype, device=m.device))
+
+
+class RunningMeanStd:
+    """Running mean and variance of a reward stream (``--normalize_reward``), merged with Chan et al.'s parallel
+    formula: for the stored ``(mu_a, var_a, n_a)`` and a batch ``(mu_b, var_b, n_b)``, ``n = n_a + n_b``,
+    ``mu = mu_a + d n_b / n``, ``var = (var_a n_a + var_b n_b + d^2 n_a n_b / n) / n`` with ``d = mu_b - mu_a``
+    (population variances). State is kept in Python floats (float64) and round-trips through ``state_dict``.
+    """
+
+    def __init__(self, eps: float = 1e-8, clip: float | None = None) -> None:
+        self.eps = eps
+        self.clip = clip
+        self.mean = 0.0
+        self.var = 1.0
+        self.count = 0.0
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.var)
+
+    def update(self, x: torch.Tensor, mask: torch.Tensor | None = None, process_group=None) -> None:
+        """Merge the valid elements of ``x`` (of all ranks when ``process_group`` is given) into the statistics."""
+        _, n_b = global_sum_and_count(x, mask, process_group)
+        n_b = float(n_b)
+        if n_b == 0:
+            return
+        mu_b, var_b = masked_var(x, mask, process_group=process_group)
+        mu_b, var_b = float(mu_b), float(var_b)
+        if self.count == 0:
+            self.mean, self.var, self.count = mu_b, var_b, n_b
+            return
+        n_a, n = self.count, self.count + n_b
+        d = mu_b - self.mean
+        self.mean = self.mean + d * n_b / n
+        self.var = (self.var * n_a + var_b * n_b + d * d * n_a * n_b / n) / n
+        self.count = n
+
+    def normalize(self, x: torch.Tensor, *, center: bool = True) -> torch.Tensor:
+        """``(x - mu) / sqrt(var + eps)`` (``x / sqrt(var + eps)`` when ``center=False``), then clamped to
+        ``[-clip, clip]`` when ``clip`` is set."""
+        out = x.to(compute_dtype(x))
+        if center:
+            out = out - self.mean
+        out = out / math.sqrt(self.var + self.eps)
+        return out if self.clip is None else out.clamp(-self.clip, self.clip)
+
+    def state_dict(self) -> dict[str, float]:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        missing = {"mean", "var", "count"} - set(state)
+        if missing:
+            raise KeyError(f"RunningMeanStd state is missing {sorted(missing)}")
+        self.mean, self.var, self.count = float(state["mean"]), float(state["var"]), float(state["count"])
+
+
+class FixedKLController:
+    """Constant KL coefficient ``beta = init_kl_coef`` (``--init_kl_coef`` without ``--kl_target``)."""
+
+    def __init__(self, init_kl_coef: float) -> None:
+        self.value = float(init_kl_coef)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """No-op: the coefficient stays fixed."""
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])
+
+
+class AdaptiveKLController:
+    """Adaptive KL coefficient of Ziegler et al. (2019) (``--kl_target``, ``--kl_horizon``):
+    ``e = clip(KL / kl_target - 1, -0.2, 0.2)``, ``beta <- beta * (1 + e * n_steps / kl_horizon)``.
+    """
+
+    def __init__(self, init_kl_coef: float, kl_target: float, kl_horizon: float) -> None:
+        if kl_target <= 0 or kl_horizon <= 0:
+            raise ValueError(f"--kl_target and --kl_horizon must be > 0, got {kl_target} and {kl_horizon}")
+        self.value = float(init_kl_coef)
+        self.target = float(kl_target)
+        self.horizon = float(kl_horizon)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n_steps / self.horizon
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])
