@@ -12,8 +12,8 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     in at least float32; ``-inf`` logits (banned tokens) contribute 0."""
     z = logits.to(compute_dtype(logits))
     p = torch.softmax(z, dim=-1)
-    pz = torch.where(p > 0, p * z, torch.zeros((), dtype=z.dtype, device=z.device))
-    return torch.logsumexp(z, dim=-1) - pz.sum(dim=-1)
+    finite_z = torch.where(p > 0, z, torch.zeros((), dtype=z.dtype, device=z.device))  # no -inf * 0 in backward
+    return torch.logsumexp(z, dim=-1) - (p * finite_z).sum(dim=-1)
 
 
 def policy_entropy(

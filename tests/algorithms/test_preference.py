@@ -1,0 +1,126 @@
+"""Reward-model pairwise losses, DPO / IPO / cDPO and KTO against float64 scalar references."""
+
+import math
+
+import pytest
+import torch
+
+from rlhfkit.algorithms.preference import (
+    dpo_loss,
+    kto_loss,
+    kto_reference_kl,
+    logexp_loss,
+    pairwise_loss,
+    reward_model_loss,
+    sequence_log_probs,
+)
+
+
+def log_sigmoid(x):
+    return -math.log1p(math.exp(-x)) if x >= 0 else x - math.log1p(math.exp(x))
+
+
+def sigmoid(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def test_pairwise_and_logexp_losses():
+    c = torch.tensor([1.0, -2.0, 30.0, 0.0], dtype=torch.float64)
+    r = torch.tensor([0.0, 1.0, -30.0, 0.0], dtype=torch.float64)
+    margin = torch.tensor([0.5, 0.0, 1.0, 2.0], dtype=torch.float64)
+    for m in (None, margin):
+        mm = [0.0] * 4 if m is None else m.tolist()
+        per = [-log_sigmoid(a - b - k) for a, b, k in zip(c.tolist(), r.tolist(), mm)]
+        logexp = [math.log1p(math.exp(b - a + k)) for a, b, k in zip(c.tolist(), r.tolist(), mm)]
+        assert pairwise_loss(c, r, m).item() == pytest.approx(math.fsum(per) / 4, rel=1e-12)
+        assert logexp_loss(c, r, m).item() == pytest.approx(math.fsum(logexp) / 4, rel=1e-12)
+        torch.testing.assert_close(pairwise_loss(c, r, m, "none"), torch.tensor(per, dtype=torch.float64))
+        assert reward_model_loss(c, r, "logexp", m, "sum").item() == pytest.approx(math.fsum(logexp), rel=1e-12)
+    assert pairwise_loss(c, r, 0.5).item() == pytest.approx(pairwise_loss(c, r, torch.full_like(c, 0.5)).item())
+    with pytest.raises(ValueError, match="--loss"):
+        reward_model_loss(c, r, "hinge")
+    with pytest.raises(ValueError, match="reduction"):
+        pairwise_loss(c, r, reduction="max")
+
+
+def test_pairwise_loss_extremes_are_finite():
+    c = torch.tensor([1e4, -1e4], requires_grad=True)
+    r = torch.tensor([-1e4, 1e4])
+    for fn in (pairwise_loss, logexp_loss):
+        loss = fn(c, r)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(c.grad).all()
+        assert loss.item() == pytest.approx(1e4, rel=1e-6)  # (0 + 2e4) / 2
+        c.grad = None
+
+
+def logps(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [-torch.rand(6, generator=g, dtype=torch.float64) * 20 for _ in range(4)]
+
+
+@pytest.mark.parametrize("beta,ls,ipo", [(0.1, 0.0, False), (0.5, 0.2, False), (0.1, 0.0, True), (2.0, 0.0, False)])
+def test_dpo_family_matches_reference(beta, ls, ipo):
+    pc, pr, rc, rr = logps()
+    per = []
+    for a, b, c, d in zip(pc.tolist(), pr.tolist(), rc.tolist(), rr.tolist()):
+        h = (a - b) - (c - d)
+        if ipo:
+            per.append((h - 1 / (2 * beta)) ** 2)
+        else:
+            per.append(-(1 - ls) * log_sigmoid(beta * h) - ls * log_sigmoid(-beta * h))
+    loss, cr, rj = dpo_loss(pc, pr, rc, rr, beta=beta, label_smoothing=ls, ipo=ipo)
+    assert loss.item() == pytest.approx(math.fsum(per) / 6, rel=1e-12)
+    torch.testing.assert_close(cr, beta * (pc - rc))
+    torch.testing.assert_close(rj, beta * (pr - rr))
+
+
+def test_dpo_gradient_and_validation():
+    pc, pr, rc, rr = logps(1)
+    pc = pc.clone().requires_grad_(True)
+    loss, cr, _ = dpo_loss(pc, pr, rc, rr, beta=0.1, reduction="sum")
+    loss.backward()
+    h = (pc - pr - rc + rr).detach()
+    torch.testing.assert_close(pc.grad, -0.1 * (1 - torch.sigmoid(0.1 * h)))
+    assert not cr.requires_grad
+    with pytest.raises(ValueError, match="beta"):
+        dpo_loss(pc, pr, rc, rr, beta=0.0)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        dpo_loss(pc, pr, rc, rr, label_smoothing=0.5)
+
+
+def test_sequence_log_probs():
+    x = torch.tensor([[-1.0, -2.0, float("nan")], [-3.0, 0.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
+    assert sequence_log_probs(x, mask).tolist() == [-3.0, -3.0, 0.0]
+    assert sequence_log_probs(x, mask, average=True).tolist() == [-1.5, -3.0, 0.0]
+
+
+def test_kto_matches_paper_formula():
+    g = torch.Generator().manual_seed(2)
+    pol, ref = -torch.rand(6, generator=g, dtype=torch.float64) * 10, -torch.rand(6, generator=g, dtype=torch.float64) * 10
+    pol_kl, ref_kl = -torch.rand(6, generator=g, dtype=torch.float64) * 10, -torch.rand(6, generator=g, dtype=torch.float64) * 10
+    desirable = torch.tensor([True, False, True, True, False, False])
+    beta, ld, lu = 0.3, 1.0, 1.33
+    z = max(0.0, math.fsum(a - b for a, b in zip(pol_kl.tolist(), ref_kl.tolist())) / 6)
+    per = []
+    for p, r, d in zip(pol.tolist(), ref.tolist(), desirable.tolist()):
+        lr = p - r
+        per.append(ld * (1 - sigmoid(beta * (lr - z))) if d else lu * (1 - sigmoid(beta * (z - lr))))
+    loss, rewards, zz = kto_loss(
+        pol, ref, desirable, pol_kl, ref_kl, beta=beta, desirable_loss_weight=ld, undesirable_loss_weight=lu
+    )
+    assert zz.item() == pytest.approx(z, rel=1e-12, abs=1e-15)
+    assert loss.item() == pytest.approx(math.fsum(per) / 6, rel=1e-12)
+    torch.testing.assert_close(rewards, beta * (pol - ref))
+
+
+def test_kto_reference_point_is_clamped_and_detached():
+    pol = torch.tensor([-5.0, -5.0], requires_grad=True)
+    z = kto_reference_kl(pol, torch.tensor([-1.0, -2.0]))
+    assert z.item() == 0.0 and not z.requires_grad
+    loss, _, _ = kto_loss(pol, torch.tensor([-1.0, -1.0]), torch.tensor([1, 0]), pol, torch.zeros(2))
+    loss.backward()
+    assert torch.isfinite(pol.grad).all()
+    only_undesirable, _, _ = kto_loss(pol, pol.detach(), torch.zeros(2, dtype=torch.bool), pol, pol.detach())
+    assert only_undesirable.item() == pytest.approx(0.5)

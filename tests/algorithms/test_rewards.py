@@ -1,0 +1,130 @@
+"""Reward shaping, clipping, running normalisation and KL controllers against loop references."""
+
+import math
+
+import pytest
+import torch
+
+from rlhfkit.algorithms.rewards import (
+    AdaptiveKLController,
+    FixedKLController,
+    RunningMeanStd,
+    clip_rewards,
+    last_token_index,
+    shape_rewards,
+)
+
+MASK = torch.tensor(
+    [
+        [0, 0, 0, 0, 0],
+        [1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [1, 1, 0, 1, 0],
+        [1, 1, 1, 1, 1],
+        [0, 0, 1, 1, 1],
+    ]
+)
+
+
+def ref_shape(r, kl, mask, coef):
+    out = []
+    for b, mrow in enumerate(mask.tolist()):
+        valid = [t for t, m in enumerate(mrow) if m]
+        row = [0.0] * len(mrow)
+        for t in valid:
+            row[t] = -coef * kl[b][t]
+        if valid:
+            row[valid[-1]] += r[b]
+        out.append(row)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def test_last_token_index():
+    assert last_token_index(MASK).tolist() == [-1, 0, 2, 3, 4, 4]
+
+
+@pytest.mark.parametrize("coef", [0.0, 0.05])
+def test_shape_rewards_matches_reference(coef):
+    g = torch.Generator().manual_seed(0)
+    r = torch.randn(6, generator=g, dtype=torch.float64)
+    kl = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    out = shape_rewards(r, MASK, kl, coef)
+    torch.testing.assert_close(out, ref_shape(r.tolist(), kl.tolist(), MASK, coef), rtol=1e-12, atol=1e-15)
+
+
+def test_shape_rewards_ignores_nan_kl_padding_and_upcasts():
+    r = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], dtype=torch.bfloat16)
+    kl = torch.where(MASK.bool(), torch.ones(6, 5), torch.full((6, 5), float("nan")))
+    out = shape_rewards(r, MASK, kl, 0.1)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert out[1].tolist() == pytest.approx([2.0 - 0.1, 0, 0, 0, 0])
+    assert out[0].tolist() == [0.0] * 5
+
+
+def test_shape_rewards_rejects_bad_input():
+    with pytest.raises(ValueError, match=">= 0"):
+        shape_rewards(torch.zeros(6), MASK, torch.zeros(6, 5), -0.1)
+    with pytest.raises(ValueError, match="rewards"):
+        shape_rewards(torch.zeros(5), MASK)
+    with pytest.raises(ValueError, match="kl has shape"):
+        shape_rewards(torch.zeros(6), MASK, torch.zeros(6, 4), 0.1)
+
+
+def test_clip_rewards():
+    r = torch.tensor([-20.0, -1.0, 0.5, 30.0])
+    assert clip_rewards(r, (-10, 10)).tolist() == [-10.0, -1.0, 0.5, 10.0]
+    assert clip_rewards(r, None) is r
+    with pytest.raises(ValueError, match="low <= high"):
+        clip_rewards(r, (1, -1))
+
+
+def test_running_mean_std_matches_full_history():
+    g = torch.Generator().manual_seed(1)
+    rms = RunningMeanStd()
+    seen = []
+    for size in (3, 1, 7, 4):
+        x = torch.randn(size, generator=g, dtype=torch.float64) * 2 + 5
+        mask = torch.ones(size, dtype=torch.bool)
+        if size > 3:
+            mask[0] = False
+        rms.update(x, mask)
+        seen += [v for v, m in zip(x.tolist(), mask.tolist()) if m]
+        mu = math.fsum(seen) / len(seen)
+        var = math.fsum((v - mu) ** 2 for v in seen) / len(seen)
+        assert rms.count == len(seen)
+        assert rms.mean == pytest.approx(mu, rel=1e-12)
+        assert rms.var == pytest.approx(var, rel=1e-10, abs=1e-14)
+    x = torch.tensor([1.0, 9.0])
+    expected = [(v - rms.mean) / math.sqrt(rms.var + 1e-8) for v in (1.0, 9.0)]
+    assert rms.normalize(x).tolist() == pytest.approx(expected, rel=1e-6)
+
+
+def test_running_mean_std_state_roundtrip_clip_and_empty_update():
+    rms = RunningMeanStd(clip=1.0)
+    rms.update(torch.tensor([1.0, 2.0, 3.0]))
+    rms.update(torch.tensor([4.0]), torch.tensor([False]))
+    assert rms.count == 3
+    other = RunningMeanStd(clip=1.0)
+    other.load_state_dict(rms.state_dict())
+    assert other.state_dict() == rms.state_dict()
+    assert other.normalize(torch.tensor([100.0])).item() == 1.0
+    with pytest.raises(KeyError, match="missing"):
+        other.load_state_dict({"mean": 0.0})
+
+
+def test_kl_controllers():
+    fixed = FixedKLController(0.01)
+    fixed.update(5.0, 100)
+    assert fixed.value == 0.01
+    ctl = AdaptiveKLController(0.1, kl_target=6.0, kl_horizon=10000)
+    expected = 0.1
+    for kl, n in [(12.0, 64), (6.0, 64), (3.0, 128), (5.7, 32)]:
+        ctl.update(kl, n)
+        err = min(max(kl / 6.0 - 1, -0.2), 0.2)
+        expected *= 1 + err * n / 10000
+        assert ctl.value == pytest.approx(expected, rel=1e-15)
+    restored = AdaptiveKLController(1.0, 6.0, 10000)
+    restored.load_state_dict(ctl.state_dict())
+    assert restored.value == ctl.value
+    with pytest.raises(ValueError, match="kl_target"):
+        AdaptiveKLController(0.1, 0.0, 10)
