@@ -1,0 +1,167 @@
+"""Built-in verifiable rewards, selected by name: ``--remote_rm_url builtin:math`` (``format``, ``exact``).
+
+Each built-in is a ``reward_func(queries, prompts, labels)`` of the user-file shape, so it runs under the same
+timeout, validation and error policy (:class:`rlhfkit.rewards.reward_func.RewardFuncSource`). The response is
+``query[len(prompt):]`` when the query starts with its prompt, else the whole query
+(:func:`rlhfkit.rewards.base.response_of`).
+
+* ``math``: the answer is the content of the last ``\\boxed{...}`` (nested braces allowed), else the last number in
+  the response. Numbers may be integers, decimals, ``a/b`` or ``\\frac{a}{b}``, with a sign, ``$`` and thousands
+  commas; they are compared exactly as fractions (relative tolerance 1e-9 for float labels). A label may be a
+  number or a string (a number, ``\\boxed{..}``, or text ending in a number such as GSM8K's ``#### 42``); a
+  non-numeric boxed answer is compared as text. Reward 1.0 / 0.0; no answer -> 0.0. A None label is an error.
+* ``format``: 1.0 when the response matches ``<think>...</think><answer>...</answer>`` (whitespace around allowed),
+  or a user regex (``format_pattern``, matched with ``re.search`` and ``re.DOTALL``; anchor it with ``^...$``).
+* ``exact``: 1.0 when the stripped response equals the stripped label.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
+from rlhfkit.rewards.base import response_of
+
+DEFAULT_FORMAT = r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$"
+REL_TOL = 1e-9
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_FRAC = r"\\[dt]?frac\s*\{\s*-?\d+\s*\}\s*\{\s*-?\d+\s*\}"
+_PLAIN = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?|\.\d+"
+_NUMBER = re.compile(rf"-?\$?-?(?:{_FRAC}|{_PLAIN})")
+_FRAC_PARTS = re.compile(r"^(-?)\\[dt]?frac\{(-?\d+)\}\{(-?\d+)\}$")
+_DECIMAL = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)$")
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced; None if absent or unclosed."""
+    matches = list(_BOXED.finditer(text))
+    for match in reversed(matches):
+        depth, start = 1, match.end()
+        for pos in range(start, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[pos], 0)
+            if depth == 0:
+                return text[start:pos]
+    return None
+
+
+def extract_final_number(text: str) -> str | None:
+    """The last number in ``text`` (integer, decimal, ``a/b``, ``\\frac{a}{b}``, with sign / ``$`` / commas)."""
+    found = _NUMBER.findall(text.replace("\u2212", "-"))
+    return found[-1] if found else None
+
+
+def extract_answer(response: str) -> str | None:
+    """The last boxed answer, else the final number, else None."""
+    boxed = extract_boxed(response)
+    return boxed if boxed is not None else extract_final_number(response)
+
+
+def parse_number(text: str) -> Fraction | None:
+    """``text`` as an exact fraction (``"1,234"``, ``"$-3.5"``, ``"3/4"``, ``"\\frac{1}{2}"``, ``"50%"`` -> 50), or None."""
+    s = text.strip().replace("\u2212", "-")
+    for junk in ("$", ",", " ", "\\!", "\\,", "\\;", "\\ ", "\\%", "%", "\\left", "\\right"):
+        s = s.replace(junk, "")
+    s = s.rstrip(".")
+    if s.startswith("+"):
+        s = s[1:]
+    frac = _FRAC_PARTS.match(s)
+    if frac:
+        sign, num, den = frac.groups()
+        return None if int(den) == 0 else Fraction(int(num), int(den)) * (-1 if sign else 1)
+    if "/" in s:
+        num, _, den = s.partition("/")
+        a, b = parse_number(num), parse_number(den)
+        return None if a is None or b is None or b == 0 else a / b
+    return Fraction(s) if _DECIMAL.match(s) else None
+
+
+def _label_number(label: Any) -> Fraction | None:
+    if isinstance(label, bool):
+        return None
+    if isinstance(label, int):
+        return Fraction(label)
+    if isinstance(label, float):
+        return Fraction(repr(label))
+    text = str(label)
+    value = parse_number(text)
+    if value is None:
+        answer = extract_answer(text)
+        value = parse_number(answer) if answer is not None else None
+    return value
+
+
+def _normalize_text(text: str) -> str:
+    return re.sub(r"\s+", "", str(text)).strip("$.").lower()
+
+
+def math_equal(answer: str | None, label: Any) -> bool:
+    """True when an extracted ``answer`` equals ``label`` numerically (or as normalised text if not a number)."""
+    if answer is None:
+        return False
+    value, target = parse_number(answer), _label_number(label)
+    if value is not None and target is not None:
+        return value == target or abs(value - target) <= REL_TOL * max(abs(value), abs(target))
+    if value is None and target is None:
+        label_text = extract_boxed(str(label)) or str(label)
+        return _normalize_text(answer) == _normalize_text(label_text)
+    return False
+
+
+def _require_labels(labels: list[Any] | None, n: int, name: str) -> list[Any]:
+    if labels is None or any(label is None for label in labels):
+        index = 0 if labels is None else next(i for i, label in enumerate(labels) if label is None)
+        raise ValueError(f"{name} needs a label for every sample (set --label_key); sample {index} has none")
+    if len(labels) != n:
+        raise ValueError(f"{name}: {n} queries but {len(labels)} labels")
+    return labels
+
+
+def math_reward_func(queries: list[str], prompts: list[str], labels: list[Any]) -> dict[str, Any]:
+    """1.0 when the response's answer (last boxed, else final number) equals the label, else 0.0."""
+    labels = _require_labels(labels, len(queries), "builtin:math")
+    answers = [extract_answer(response_of(q, p)) for q, p in zip(queries, prompts)]
+    rewards = [float(math_equal(a, label)) for a, label in zip(answers, labels)]
+    return {"rewards": rewards, "scores": rewards,
+            "extra_logs": {"math_has_answer": [float(a is not None) for a in answers]}}
+
+
+def make_format_reward_func(pattern: str | None = None) -> Callable[..., dict[str, Any]]:
+    """A reward_func giving 1.0 when the response matches ``pattern`` (default: think/answer tags)."""
+    try:
+        regex = re.compile(pattern or DEFAULT_FORMAT, re.DOTALL)
+    except re.error as err:
+        raise ValueError(f"builtin:format: invalid regular expression {pattern!r}: {err}") from err
+
+    def format_reward_func(queries: list[str], prompts: list[str], labels: list[Any]) -> dict[str, Any]:
+        rewards = [float(regex.search(response_of(q, p)) is not None) for q, p in zip(queries, prompts)]
+        return {"rewards": rewards, "scores": rewards}
+
+    return format_reward_func
+
+
+def exact_reward_func(queries: list[str], prompts: list[str], labels: list[Any]) -> dict[str, Any]:
+    """1.0 when the stripped response equals the stripped label."""
+    labels = _require_labels(labels, len(queries), "builtin:exact")
+    rewards = [float(response_of(q, p).strip() == str(label).strip()) for q, p, label in zip(queries, prompts, labels)]
+    return {"rewards": rewards, "scores": rewards}
+
+
+BUILTINS: dict[str, str] = {
+    "math": "last \\boxed{} or final number == label (exact fractions)",
+    "format": "response matches <think>...</think><answer>...</answer> (or --reward_format_pattern)",
+    "exact": "stripped response == stripped label",
+}
+
+
+def get_builtin(name: str, *, format_pattern: str | None = None) -> Callable[..., dict[str, Any]]:
+    """The reward_func of a built-in verifier by name; a clear error listing the names otherwise."""
+    if name == "math":
+        return math_reward_func
+    if name == "format":
+        return make_format_reward_func(format_pattern)
+    if name == "exact":
+        return exact_reward_func
+    known = ", ".join(f"builtin:{k} ({v})" for k, v in BUILTINS.items())
+    raise ValueError(f"unknown built-in reward 'builtin:{name}'; known: {known}")
