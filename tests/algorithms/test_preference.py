@@ -98,8 +98,7 @@ def test_sequence_log_probs():
 
 def test_kto_matches_paper_formula():
     g = torch.Generator().manual_seed(2)
-    pol, ref = -torch.rand(6, generator=g, dtype=torch.float64) * 10, -torch.rand(6, generator=g, dtype=torch.float64) * 10
-    pol_kl, ref_kl = -torch.rand(6, generator=g, dtype=torch.float64) * 10, -torch.rand(6, generator=g, dtype=torch.float64) * 10
+    pol, ref, pol_kl, ref_kl = (-torch.rand(6, generator=g, dtype=torch.float64) * 10 for _ in range(4))
     desirable = torch.tensor([True, False, True, True, False, False])
     beta, ld, lu = 0.3, 1.0, 1.33
     z = max(0.0, math.fsum(a - b for a, b in zip(pol_kl.tolist(), ref_kl.tolist())) / 6)
