@@ -1,0 +1,78 @@
+"""LoRA adapters through peft: wrap a model for training, merge an adapter back into full weights."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, TaskType, get_peft_model
+from transformers import PreTrainedModel
+
+from rlhfkit.models.loading import (
+    VALUE_HEAD,
+    load_causal_lm,
+    load_scalar_model,
+    load_tokenizer,
+    resolve_pretrain,
+    save_hf,
+)
+
+
+def apply_lora(
+    model: PreTrainedModel,
+    lora_rank: int,
+    lora_alpha: int = 16,
+    target_modules: str | list[str] = "all-linear",
+    lora_dropout: float = 0.0,
+) -> PeftModel:
+    """Wrap ``model`` with LoRA adapters (``--lora_rank``, ``--lora_alpha``, ``--target_modules``, ``--lora_dropout``).
+
+    ``target_modules="all-linear"`` adapts every linear layer except the output layer. For a model with a
+    scalar ``score`` head (reward model, critic) the head is trained in full and saved with the adapter
+    (peft's ``modules_to_save``); it never gets a LoRA of its own.
+    """
+    if lora_rank <= 0:
+        raise ValueError(f"lora_rank must be > 0 to apply LoRA, got {lora_rank}")
+    if isinstance(target_modules, (list, tuple)) and list(target_modules) == ["all-linear"]:
+        target_modules = "all-linear"  # argparse nargs=* gives a list
+    scalar = isinstance(getattr(model, VALUE_HEAD, None), torch.nn.Linear)
+    config = LoraConfig(
+        r=lora_rank,
+        lora_alpha=lora_alpha,
+        target_modules=target_modules,
+        exclude_modules=[VALUE_HEAD] if scalar else None,
+        lora_dropout=lora_dropout,
+        bias="none",
+        task_type=TaskType.SEQ_CLS if scalar else TaskType.CAUSAL_LM,
+        modules_to_save=[VALUE_HEAD] if scalar else None,
+    )
+    return get_peft_model(model, config)
+
+
+def merge_lora(
+    base_spec: str,
+    adapter_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    dtype: torch.dtype = torch.float32,
+) -> str:
+    """Merge a LoRA adapter folder into its base model and write a plain HF folder (for ``rlhfkit lora-merge``).
+
+    The adapter's ``task_type`` decides whether the base loads as a causal LM or a scalar (``score``) model.
+    The tokenizer comes from the adapter folder if it has one, else from the base. Returns ``out_dir``.
+    """
+    adapter_dir = Path(adapter_dir)
+    config_file = adapter_dir / "adapter_config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file} not found: {str(adapter_dir)!r} is not a peft adapter folder")
+    task_type = json.loads(config_file.read_text()).get("task_type")
+    if task_type == TaskType.SEQ_CLS:
+        base = load_scalar_model(base_spec, dtype=dtype)
+    else:
+        base = load_causal_lm(base_spec, dtype=dtype)
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    has_tokenizer = (adapter_dir / "tokenizer_config.json").is_file()
+    tokenizer = load_tokenizer(str(adapter_dir) if has_tokenizer else resolve_pretrain(base_spec))
+    return save_hf(merged, tokenizer, out_dir)
