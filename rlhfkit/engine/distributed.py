@@ -35,10 +35,8 @@ def free_port() -> int:
 
 def init_distributed() -> DistInfo:
     """Join (or create) the default process group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT."""
-    if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(free_port()))
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    launched = "RANK" in os.environ
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     use_cuda = torch.cuda.is_available()
     backend = "nccl" if use_cuda else "gloo"
@@ -46,7 +44,9 @@ def init_distributed() -> DistInfo:
     if use_cuda:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, rank=rank, world_size=world)
+        # A plain single process (no launcher) gets a private 1-rank group on a free loopback port.
+        init_method = "env://" if launched else f"tcp://127.0.0.1:{free_port()}"
+        dist.init_process_group(backend=backend, rank=rank, world_size=world, init_method=init_method)
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend)
 
 

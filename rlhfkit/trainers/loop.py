@@ -159,6 +159,11 @@ def train_offline(cfg: Any, dist_info: DistInfo, engine: TrainEngine, tokenizer:
     metrics_log = MetricsLogger(cfg.run_dir, cfg, enabled=dist_info.is_main)
     bar = progress_bar(plan.total_steps, global_step, dist_info.is_main, f"{cfg.command}")
     last: dict[str, Any] = {}
+    if eval_samples and global_step == 0:
+        before = {f"eval/{k}": v for k, v in evaluate(engine, method, eval_samples, dist_info,
+                                                       cfg.micro_train_batch_size).items()}
+        metrics_log.log(0, before)
+        log.info("step 0 eval (before training): %s", {k: round(v, 4) for k, v in before.items()})
     engine.train()
     for epoch in range(start_epoch, cfg.max_epochs):
         order = epoch_order(len(train_samples), cfg.seed, epoch)
