@@ -106,7 +106,40 @@ def _load_file(path: str) -> tuple[datasets.Dataset, list[int] | None]:
         if lines == [0]:  # a JSON array: rows, not lines
             lines = None
     ds = _call_load_dataset(builder, "train", path, data_files=path)
+    if builder == "json":
+        ds = _repair_mixed_type_columns(ds, path)
     return ds, lines
+
+
+def _repair_mixed_type_columns(ds: datasets.Dataset, path: str) -> datasets.Dataset:
+    """Re-read columns that mix value types (``Json`` features) from the file.
+
+    `datasets` stores such columns as JSON text but does not quote strings, so the string ``"true"`` comes back as
+    the boolean True and ``"1"`` as the number 1: a silent change of the data. We put the original values back.
+    """
+    mixed = [name for name, feature in ds.features.items() if isinstance(feature, datasets.Json)]
+    if not mixed:
+        return ds
+    values: dict[str, list[str]] = {name: [] for name in mixed}
+    for row in _iter_json_rows(path):
+        for name in mixed:
+            values[name].append(json.dumps(row.get(name)))
+    for name in mixed:  # add before removing: a table without columns would lose its row count
+        tmp = f"{name}__rlhfkit_reread"
+        ds = ds.add_column(tmp, values[name], feature=datasets.Json()).remove_columns(name).rename_column(tmp, name)
+    return ds
+
+
+def _iter_json_rows(path: str):
+    with open(path, encoding="utf-8") as f:
+        if f.read(4096).lstrip().startswith("["):
+            f.seek(0)
+            yield from json.load(f)
+            return
+        f.seek(0)
+        for text in f:
+            if text.strip():
+                yield json.loads(text)
 
 
 def _call_load_dataset(name: str, split: str, what: str, **kwargs) -> datasets.Dataset:

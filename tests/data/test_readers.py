@@ -162,3 +162,9 @@ def test_bad_probs_name_the_flag(tmp_path, probs, message):
     a, b = _two_sources(tmp_path, 2, 2)
     with pytest.raises(DataError, match=rf"--dataset_probs.*{message}"):
         blend_datasets([a, b], probs, split="train", seed=0, max_samples=None)
+
+
+def test_mixed_type_column_keeps_original_values(tmp_path):
+    # `datasets` alone turns the string "true" into True (and "1" into 1) in a column that mixes types
+    path = write_jsonl(tmp_path / "mixed.jsonl", [{"label": True}, {"label": "true"}, {"label": "1"}, {"label": 2.5}])
+    assert load_dataset_spec(path)["label"] == [True, "true", "1", 2.5]
