@@ -9,6 +9,7 @@ tokens inside a multi-turn response) are skipped, get advantage and return 0, an
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from .normalize import as_bool_mask, compute_dtype, masked_whiten
 from .rewards import clip_rewards, shape_rewards
@@ -104,7 +105,7 @@ def group_normalize(rewards: torch.Tensor, n_samples_per_prompt: int, eps: float
     """GRPO: ``(r_i - mean_g) / (std_g + eps)`` with the unbiased (n - 1) std of the group; exactly 0 for a
     constant group (zero std)."""
     g = _groups(rewards, n_samples_per_prompt)
-    std = g.std(dim=-1, keepdim=True, unbiased=True)
+    std = g.std(dim=-1, keepdim=True, correction=1)
     out = torch.where(_constant(g), torch.zeros_like(g), (g - g.mean(dim=-1, keepdim=True)) / (std + eps))
     return out.view(-1).to(compute_dtype(rewards))
 
@@ -133,7 +134,7 @@ def compute_advantages_and_returns(
     reward_clip_range: tuple[float, float] | None = None,
     std_norm: bool = True,
     group_eps: float = 1e-6,
-    process_group=None,
+    process_group: dist.ProcessGroup | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns ``[batch, response_len]`` (0 at masked positions) for ``--advantage_estimator``.
 

@@ -32,7 +32,7 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def _all_reduce(t: torch.Tensor, process_group, op=dist.ReduceOp.SUM) -> torch.Tensor:
+def _all_reduce(t: torch.Tensor, process_group: dist.ProcessGroup | None, op=dist.ReduceOp.SUM) -> torch.Tensor:
     if process_group is not None:
         dist.all_reduce(t, op=op, group=process_group)
     return t
@@ -46,7 +46,7 @@ def masked_sum(x: torch.Tensor, mask: torch.Tensor | None, dim: int | None = Non
 
 
 def global_sum_and_count(
-    x: torch.Tensor, mask: torch.Tensor | None, process_group=None
+    x: torch.Tensor, mask: torch.Tensor | None, process_group: dist.ProcessGroup | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sum_i m_i x_i, sum_i m_i)`` over every element on every rank of ``process_group``, in float64, no grad."""
     m = as_bool_mask(mask, x)
@@ -56,7 +56,7 @@ def global_sum_and_count(
 
 
 def masked_mean(
-    x: torch.Tensor, mask: torch.Tensor | None, dim: int | None = None, process_group=None
+    x: torch.Tensor, mask: torch.Tensor | None, dim: int | None = None, process_group: dist.ProcessGroup | None = None
 ) -> torch.Tensor:
     """Masked mean ``sum_i m_i x_i / max(sum_i m_i, 1)``.
 
@@ -74,7 +74,11 @@ def masked_mean(
 
 
 def masked_var(
-    x: torch.Tensor, mask: torch.Tensor | None, *, unbiased: bool = False, process_group=None
+    x: torch.Tensor,
+    mask: torch.Tensor | None,
+    *,
+    unbiased: bool = False,
+    process_group: dist.ProcessGroup | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Global masked mean and variance ``(mu, sum_i m_i (x_i - mu)^2 / (N - u))``, ``N = sum_i m_i``, u = 1 if unbiased.
 
@@ -96,7 +100,7 @@ def masked_whiten(
     shift_mean: bool = True,
     std_norm: bool = True,
     eps: float = 1e-8,
-    process_group=None,
+    process_group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """Whiten over valid tokens: ``(x - mu) / sqrt(max(var, eps))`` with mu, var the global masked mean and
     (population) variance; ``shift_mean=False`` keeps the mean (``x / sqrt(max(var, eps))``), ``std_norm=False``

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from .kl import log_ratio
 from .normalize import as_bool_mask, masked_mean
@@ -53,7 +54,7 @@ def logprob_mismatch(
     rollout_log_probs: torch.Tensor,
     action_mask: torch.Tensor | None,
     *,
-    process_group=None,
+    process_group: dist.ProcessGroup | None = None,
     log_ratio_clip: float = 20.0,
 ) -> dict[str, torch.Tensor]:
     """Mismatch between trainer and rollout-engine log-probs of the sampled tokens,
@@ -69,7 +70,7 @@ def logprob_mismatch(
         abs_d = d.abs()
         max_abs = torch.where(m, abs_d, torch.zeros_like(abs_d)).amax() if m.numel() else abs_d.new_zeros(())
         if process_group is not None:
-            torch.distributed.all_reduce(max_abs, op=torch.distributed.ReduceOp.MAX, group=process_group)
+            dist.all_reduce(max_abs, op=dist.ReduceOp.MAX, group=process_group)
         return {
             "logprob_abs_diff_mean": masked_mean(abs_d, m, process_group=process_group),
             "logprob_abs_diff_max": max_abs,

@@ -9,6 +9,7 @@ Sequence log-probabilities are ``log pi(y | x) = sum_t log pi(y_t | x, y_<t)`` o
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from .normalize import as_bool_mask, compute_dtype, global_sum_and_count, masked_mean, masked_sum
@@ -118,7 +119,7 @@ def dpo_loss(
 
 
 def kto_reference_kl(
-    policy_kl_logps: torch.Tensor, ref_kl_logps: torch.Tensor, process_group=None
+    policy_kl_logps: torch.Tensor, ref_kl_logps: torch.Tensor, process_group: dist.ProcessGroup | None = None
 ) -> torch.Tensor:
     """KTO's reference point ``z_ref = max(0, mean_j (log pi(y'_j | x_j) - log pi_ref(y'_j | x_j)))`` over the
     mismatched pairs ``(x_j, y'_j)`` of the batch, global over ``process_group``; detached."""
@@ -136,7 +137,7 @@ def kto_loss(
     beta: float = 0.1,
     desirable_loss_weight: float = 1.0,
     undesirable_loss_weight: float = 1.0,
-    process_group=None,
+    process_group: dist.ProcessGroup | None = None,
     reduction: str = "mean",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """KTO (Ethayarajh et al., 2024) on sequence log-probs ``[batch]``. With ``r = log pi(y|x) - log pi_ref(y|x)``

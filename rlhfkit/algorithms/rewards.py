@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 
 from .normalize import as_bool_mask, compute_dtype, global_sum_and_count, masked_var
 
@@ -80,7 +81,9 @@ class RunningMeanStd:
     def std(self) -> float:
         return math.sqrt(self.var)
 
-    def update(self, x: torch.Tensor, mask: torch.Tensor | None = None, process_group=None) -> None:
+    def update(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, process_group: dist.ProcessGroup | None = None
+    ) -> None:
         """Merge the valid elements of ``x`` (of all ranks when ``process_group`` is given) into the statistics."""
         _, n_b = global_sum_and_count(x, mask, process_group)
         n_b = float(n_b)
