@@ -1,0 +1,154 @@
+"""Transformers rollout engine (`--rollout_backend hf`): the same interface as the vLLM engine, no vLLM needed.
+
+Slow but dependency-light: each prompt is generated as one batch of its `n` samples (no padding, so positions
+and results never depend on the other prompts). Sampling log-probs come from `output_scores`, the scores after
+the temperature and top-p warpers (for greedy decoding: the raw logits), so they follow the same rule as the vLLM
+engine's `processed_logprobs`. Usable in-process or as a Ray actor (`create_hf_engines`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlhfkit.rollout.types import FinishReason, NamedTensors, RolloutSample, SamplingConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class HFEngine:
+    """A causal LM with `generate`/`score` on token ids and in-place bucketed weight updates."""
+
+    def __init__(self, pretrain_path: str, *, dtype: str = "float32", device: str | None = None) -> None:
+        from rlhfkit.models.loading import load_causal_lm
+
+        if dtype not in _DTYPES:
+            raise ValueError(f"HFEngine dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model = load_causal_lm(pretrain_path, dtype=_DTYPES[dtype]).to(self.device).eval()
+        self.eos_token_ids = _eos_ids(self.model)
+        self.pad_token_id = int(self.model.config.pad_token_id)
+
+    def ready(self) -> bool:
+        """True once the model is loaded (lets callers wait on actor start)."""
+        return True
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[RolloutSample]:
+        """Generate `sampling.n` responses per prompt, ordered by (prompt, sample)."""
+        samples = []
+        for i, prompt in enumerate(prompt_ids):
+            samples.extend(self._generate_one(i, list(prompt), sampling))
+        return samples
+
+    def _generate_one(self, index: int, prompt: list[int], sampling: SamplingConfig) -> list[RolloutSample]:
+        stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(self.eos_token_ids))
+        input_ids = torch.tensor([prompt], device=self.device)
+        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
+            seed = sampling.sample_seed(index, 0)
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                generation_config=self._generation_config(sampling, sorted(stop_ids)),
+            )
+        responses = out.sequences[:, len(prompt):]
+        logprobs = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [rows, steps, V]
+        picked = logprobs.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+        rows = [0] * sampling.n if sampling.greedy else range(sampling.n)  # greedy: one row, n identical samples
+        return [
+            _cut(index, j, prompt, responses[r].tolist(), picked[r].tolist(), stop_ids) for j, r in enumerate(rows)
+        ]
+
+    def _generation_config(self, sampling: SamplingConfig, stop_ids: list[int]) -> Any:
+        from transformers import GenerationConfig
+
+        kwargs: dict[str, Any] = {"do_sample": False}
+        if not sampling.greedy:
+            kwargs = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
+        return GenerationConfig(
+            max_new_tokens=sampling.max_new_tokens,
+            num_return_sequences=1 if sampling.greedy else sampling.n,
+            eos_token_id=stop_ids or None,
+            pad_token_id=self.pad_token_id,
+            output_scores=True,
+            return_dict_in_generate=True,
+            **kwargs,
+        )
+
+    @torch.no_grad()
+    def score(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+        """log softmax(logits)[token] (temperature 1) of each response token given its prompt."""
+        from rlhfkit.models.logprobs import response_log_probs
+
+        seqs = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, seq in enumerate(seqs):
+            ids[row, : len(seq)] = torch.tensor(seq)
+            mask[row, : len(seq)] = 1
+        logp = response_log_probs(self.model, ids.to(self.device), mask.to(self.device)).cpu()
+        return [logp[row, len(p) - 1 : len(s) - 1].tolist() for row, (p, s) in enumerate(zip(prompt_ids, seqs))]
+
+    def begin_weight_update(self) -> None:
+        """Nothing to prepare: parameters are overwritten in place bucket by bucket."""
+
+    @torch.no_grad()
+    def load_weight_bucket(self, named_tensors: NamedTensors) -> int:
+        """Copy one bucket of (HF name, full tensor) pairs into the model's parameters."""
+        result = self.model.load_state_dict(dict(named_tensors), strict=False)
+        if result.unexpected_keys:
+            raise KeyError(f"weight sync sent names the HF engine's model does not have: {result.unexpected_keys[:8]}")
+        return len(named_tensors)
+
+    def finish_weight_update(self) -> None:
+        """Nothing to finish: there is no cache that outlives a `generate` call."""
+
+
+def _eos_ids(model: Any) -> list[int]:
+    ids: set[int] = set()
+    for source in (model.config.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if source is not None:
+            ids.update([source] if isinstance(source, int) else source)
+    return sorted(ids)
+
+
+def _cut(
+    index: int, sample: int, prompt: list[int], tokens: list[int], logprobs: list[float], stop_ids: set[int]
+) -> RolloutSample:
+    """Trim the padding after the first stop token (kept, as vLLM keeps it) and set the finish reason."""
+    reason: FinishReason = "length"
+    for t, tok in enumerate(tokens):
+        if tok in stop_ids:
+            tokens, logprobs, reason = tokens[: t + 1], logprobs[: t + 1], "stop"
+            break
+    return RolloutSample(index, sample, prompt, tokens, logprobs, reason)
+
+
+def create_hf_engines(
+    num_engines: int,
+    pretrain_path: str,
+    *,
+    dtype: str = "float32",
+    num_cpus_per_engine: float = 0.5,
+    placement_group: Any = None,
+) -> list[Any]:
+    """Start `num_engines` `HFEngine` Ray actors (1 GPU each when the cluster has GPUs) and wait until ready."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    num_gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
+    engine_cls = ray.remote(HFEngine)
+    engines = []
+    for k in range(num_engines):
+        options: dict[str, Any] = {"num_cpus": num_cpus_per_engine, "num_gpus": num_gpus}
+        if placement_group is not None:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=placement_group, placement_group_bundle_index=k
+            )
+        engines.append(engine_cls.options(**options).remote(pretrain_path, dtype=dtype))
+    ray.get([e.ready.remote() for e in engines])
+    return engines

@@ -1,0 +1,142 @@
+"""The rollout interface shared by every backend: sampling settings in, token ids and sampling log-probs out.
+
+Token ids in, token ids out: no backend re-tokenises. Text is decoded only by callers that need it (reward
+functions, logs).
+
+Log-prob semantics (the trainer must compute the same quantity, see `docs/rollout.md`):
+`RolloutSample.response_logprobs[t]` is `log softmax(logits_t / T)[token_t]`, the log-probability of the sampled
+token under the distribution it was sampled from, where `T = temperature` (`T = 1` for greedy, `temperature == 0`).
+With `top_p < 1` the distribution is also truncated to the nucleus and renormalised, which a trainer computing
+`log_softmax(logits / T)` does not reproduce: keep `top_p = 1` for on-policy RL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+
+FinishReason = Literal["stop", "length"]
+NamedTensors = list[tuple[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How to sample responses (backend-neutral).
+
+    Flags: `--temperature` -> temperature, `--top_p` -> top_p, `--generate_max_len` -> max_new_tokens,
+    `--n_samples_per_prompt` -> n, `--seed` -> seed. `temperature == 0` means greedy decoding.
+    Sample `j` of prompt `i` is drawn with seed `seed + i * n + j`, so results do not depend on how the prompts
+    are split across engines.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 1024
+    n: int = 1
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"SamplingConfig.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(
+                f"SamplingConfig.max_new_tokens (--generate_max_len) must be >= 1, got {self.max_new_tokens}"
+            )
+        if self.n < 1:
+            raise ValueError(f"SamplingConfig.n (--n_samples_per_prompt) must be >= 1, got {self.n}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding is greedy (temperature 0)."""
+        return self.temperature == 0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature the sampling log-probs are computed at (1.0 for greedy decoding)."""
+        return 1.0 if self.greedy else self.temperature
+
+    def sample_seed(self, prompt_index: int, sample_index: int) -> int | None:
+        """The seed of sample `sample_index` of prompt `prompt_index` (None when unseeded)."""
+        if self.seed is None:
+            return None
+        return self.seed + prompt_index * self.n + sample_index
+
+    def shifted(self, prompt_offset: int) -> SamplingConfig:
+        """The config for a shard whose first prompt is prompt `prompt_offset` of the whole batch."""
+        if self.seed is None or prompt_offset == 0:
+            return self
+        return dataclasses.replace(self, seed=self.seed + prompt_offset * self.n)
+
+    @classmethod
+    def from_args(cls, args: Any, stop_token_ids: Sequence[int] = ()) -> SamplingConfig:
+        """Build from parsed flags (`--temperature --top_p --generate_max_len --n_samples_per_prompt --seed`)."""
+        return cls(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            max_new_tokens=args.generate_max_len,
+            n=args.n_samples_per_prompt,
+            seed=getattr(args, "seed", None),
+            stop_token_ids=tuple(stop_token_ids),
+        )
+
+
+@dataclass
+class RolloutSample:
+    """One generated response.
+
+    `response_logprobs[t]` is the sampling log-prob of `response_ids[t]` (see the module docstring).
+    `finish_reason` is "stop" when the response ended on EOS or a stop token id (which is kept as the last
+    response token), "length" when it hit `max_new_tokens`.
+    """
+
+    prompt_index: int
+    sample_index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_logprobs: list[float]
+    finish_reason: FinishReason
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.response_ids) != len(self.response_logprobs):
+            raise ValueError(
+                f"RolloutSample: {len(self.response_ids)} response ids but {len(self.response_logprobs)} log-probs"
+            )
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    """What one weight sync moved and how long it took."""
+
+    seconds: float
+    bytes: int
+    buckets: int
+    tensors: int
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What every rollout backend (vLLM, HF) offers, locally or as a Ray actor.
+
+    Weight updates are streamed: `begin_weight_update`, then `load_weight_bucket` once per bucket (names are HF
+    names, tensors are full/unsharded), then `finish_weight_update` (which also resets the prefix cache).
+    """
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[RolloutSample]: ...
+
+    def score(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]: ...
+
+    def begin_weight_update(self) -> None: ...
+
+    def load_weight_bucket(self, named_tensors: NamedTensors) -> int: ...
+
+    def finish_weight_update(self) -> None: ...

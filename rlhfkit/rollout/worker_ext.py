@@ -1,0 +1,82 @@
+"""vLLM worker extension: in-place, bucketed weight replacement.
+
+Passed to vLLM as `worker_extension_cls="rlhfkit.rollout.worker_ext.WeightReloadExtension"`; vLLM mixes it into
+its worker class, so `self` is the worker and `self.model_runner` its model runner. Reached through
+`LLM.collective_rpc(<method name>, args=...)`, which runs on every tensor-parallel worker.
+
+The weights arrive in checkpoint (HF) format and are loaded through vLLM's layerwise reload: the same steps as
+`model_runner.reload_weights(weights_iterator=...)` (record -> load -> process -> copy back into the kernel
+tensors), split across calls so the weights can stream in size-bounded buckets. A layer whose weights straddle
+two buckets (e.g. q/k/v fused into `qkv_proj`) is buffered until complete, then processed (on CPU the backend
+repacks linear weights: plain `param.copy_` would be wrong).
+
+Tied weights: vLLM loads a tied tensor (e.g. `lm_head.weight` = `embed_tokens.weight`) under one name only, so
+the other module is never "loaded" and layerwise reload does not re-run its post-load processing. On CPU that
+processing packs `lm_head`'s GEMM weights into a separate buffer, which would keep the old weights (measured:
+log-probs off by ~0.1 after a sync). `_reprocess_tied_modules` re-runs it for every module sharing a weight.
+
+Method names carry an `rlhf_` prefix so they never
+collide with the worker's own (`update_weights` exists already).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlhfkit.rollout.types import NamedTensors
+
+
+class WeightReloadExtension:
+    """Mixed into vLLM's worker. State between calls lives on the worker (`_rlhf_loaded`)."""
+
+    model_runner: object  # provided by the vLLM worker this class is mixed into
+
+    def rlhf_begin_weight_update(self) -> None:
+        """Put every layer into layerwise-reload mode (weights now load into buffers, not kernels)."""
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        if getattr(self, "_rlhf_loaded", None) is not None:
+            raise RuntimeError("rlhf_begin_weight_update called twice without rlhf_finish_weight_update")
+        initialize_layerwise_reload(self.model_runner.get_model())
+        self._rlhf_loaded: set[str] | None = set()
+
+    def rlhf_load_weight_bucket(self, named_tensors: NamedTensors) -> int:
+        """Load one bucket of (HF name, full tensor) pairs; returns how many tensors were given."""
+        loaded = self._rlhf_require_update("rlhf_load_weight_bucket")
+        with torch.no_grad():
+            names = self.model_runner.get_model().load_weights(iter(named_tensors))
+        loaded.update(names or ())
+        return len(named_tensors)
+
+    def rlhf_finish_weight_update(self) -> int:
+        """Process layers still pending, restore the kernel tensors, drop caches; returns parameters loaded."""
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        loaded = self._rlhf_require_update("rlhf_finish_weight_update")
+        runner = self.model_runner
+        finalize_layerwise_reload(runner.get_model(), runner.vllm_config.model_config)
+        _reprocess_tied_modules(runner.get_model())
+        runner.reset_lora_state()
+        runner.reset_encoder_cache()
+        runner.reset_mm_cache()
+        self._rlhf_loaded = None
+        return len(loaded)
+
+    def _rlhf_require_update(self, caller: str) -> set[str]:
+        loaded = getattr(self, "_rlhf_loaded", None)
+        if loaded is None:
+            raise RuntimeError(f"{caller} called outside a weight update: call rlhf_begin_weight_update first")
+        return loaded
+
+
+def _reprocess_tied_modules(model: torch.nn.Module) -> None:
+    """Re-run post-load processing (e.g. CPU GEMM packing) of modules whose weight is shared with another module."""
+    owners: dict[int, list[torch.nn.Module]] = {}
+    for module in model.modules():
+        weight = module._parameters.get("weight")
+        if weight is not None and getattr(module, "quant_method", None) is not None:
+            owners.setdefault(id(weight), []).append(module)
+    for modules in owners.values():
+        if len(modules) > 1:
+            for module in modules:
+                module.quant_method.process_weights_after_loading(module)

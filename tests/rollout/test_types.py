@@ -1,0 +1,64 @@
+"""Unit tests of the backend-neutral pieces: sampling config, sample records, sharding, bucketing (no Ray)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlhfkit.rollout.dispatch import shard_bounds
+from rlhfkit.rollout.types import RolloutSample, SamplingConfig
+from rlhfkit.rollout.weight_sync import iter_buckets, named_weights_for_sync
+
+
+def test_sampling_config_from_flags():
+    args = SimpleNamespace(temperature=0.7, top_p=0.9, generate_max_len=33, n_samples_per_prompt=4, seed=5)
+    cfg = SamplingConfig.from_args(args, stop_token_ids=[2])
+    assert (cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.n, cfg.seed) == (0.7, 0.9, 33, 4, 5)
+    assert cfg.stop_token_ids == (2,)
+    assert not cfg.greedy and cfg.logprob_temperature == 0.7
+    assert SamplingConfig(temperature=0).logprob_temperature == 1.0
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"max_new_tokens": 0}, {"n": 0}]
+)
+def test_sampling_config_rejects_bad_values(kwargs):
+    with pytest.raises(ValueError, match="SamplingConfig"):
+        SamplingConfig(**kwargs)
+
+
+def test_seeds_follow_global_prompt_index():
+    cfg = SamplingConfig(n=3, seed=100)
+    assert [cfg.sample_seed(1, j) for j in range(3)] == [103, 104, 105]
+    shard = cfg.shifted(1)
+    assert shard.sample_seed(0, 2) == cfg.sample_seed(1, 2)
+    assert SamplingConfig(n=3).sample_seed(1, 1) is None
+
+
+def test_rollout_sample_checks_lengths():
+    with pytest.raises(ValueError, match="log-probs"):
+        RolloutSample(0, 0, [1], [2, 3], [-1.0], "length")
+
+
+def test_shard_bounds_contiguous_and_even():
+    assert shard_bounds(5, 2) == [(0, 3), (3, 5)]
+    assert shard_bounds(1, 3) == [(0, 1), (1, 1), (1, 1)]
+    with pytest.raises(ValueError):
+        shard_bounds(3, 0)
+
+
+def test_iter_buckets_bounds_size_and_keeps_order():
+    tensors = [(f"t{i}", torch.zeros(10)) for i in range(5)]  # 40 bytes each
+    buckets = list(iter_buckets(tensors, bucket_bytes=100))
+    assert [[n for n, _ in b] for b in buckets] == [["t0", "t1"], ["t2", "t3"], ["t4"]]
+    big = list(iter_buckets([("big", torch.zeros(100))], bucket_bytes=16))
+    assert len(big) == 1 and big[0][0][0] == "big"
+
+
+def test_named_weights_skip_tied_duplicates():
+    emb = torch.nn.Embedding(4, 2)
+    model = torch.nn.ModuleDict({"embed": emb, "head": torch.nn.Linear(2, 4, bias=False)})
+    model["head"].weight = emb.weight
+    assert [n for n, _ in named_weights_for_sync(model)] == ["embed.weight"]
