@@ -110,9 +110,11 @@ class RunningMeanStd:
         return out if self.clip is None else out.clamp(-self.clip, self.clip)
 
     def state_dict(self) -> dict[str, float]:
+        """``{"mean", "var", "count"}`` as Python floats, for the checkpoint."""
         return {"mean": self.mean, "var": self.var, "count": self.count}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
+        """Restore the statistics saved by :meth:`state_dict`."""
         missing = {"mean", "var", "count"} - set(state)
         if missing:
             raise KeyError(f"RunningMeanStd state is missing {sorted(missing)}")
@@ -129,9 +131,11 @@ class FixedKLController:
         """No-op: the coefficient stays fixed."""
 
     def state_dict(self) -> dict[str, float]:
+        """``{"value": beta}`` for the checkpoint."""
         return {"value": self.value}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
+        """Restore ``beta`` saved by :meth:`state_dict`."""
         self.value = float(state["value"])
 
 
@@ -148,11 +152,14 @@ class AdaptiveKLController:
         self.horizon = float(kl_horizon)
 
     def update(self, current_kl: float, n_steps: int) -> None:
+        """``beta <- beta * (1 + clip(current_kl / kl_target - 1, -0.2, 0.2) * n_steps / kl_horizon)``."""
         error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + error * n_steps / self.horizon
 
     def state_dict(self) -> dict[str, float]:
+        """``{"value": beta}`` for the checkpoint."""
         return {"value": self.value}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
+        """Restore ``beta`` saved by :meth:`state_dict`."""
         self.value = float(state["value"])

@@ -123,3 +123,14 @@ def test_kto_reference_point_is_clamped_and_detached():
     assert torch.isfinite(pol.grad).all()
     only_undesirable, _, _ = kto_loss(pol, pol.detach(), torch.zeros(2, dtype=torch.bool), pol, pol.detach())
     assert only_undesirable.item() == pytest.approx(0.5)
+
+
+def test_dpo_extreme_log_ratios_are_finite():
+    pc = torch.tensor([0.0, -1e4, -float("inf")], requires_grad=True)
+    pr = torch.tensor([-1e4, 0.0, 0.0])
+    ref = torch.zeros(3)
+    for kw in ({}, {"label_smoothing": 0.1}, {"ipo": True}):
+        loss, cr, rr = dpo_loss(pc[:2], pr[:2], ref[:2], ref[:2], **kw)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(pc.grad).all() and torch.isfinite(cr).all()
+        pc.grad = None
