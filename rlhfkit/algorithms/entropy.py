@@ -22,7 +22,16 @@ def policy_entropy(
     *,
     loss_agg_mode: str = "token_mean",
     num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+    max_len: int | None = None,
 ) -> torch.Tensor:
     """Aggregated entropy ``agg_t H(pi(. | s_t))`` over valid tokens; ``logits`` is ``[batch, len, vocab]``
     aligned with ``action_mask`` ``[batch, len]``. The entropy bonus is ``loss -= entropy_loss_coef * this``."""
-    return aggregate_loss(entropy_from_logits(logits), action_mask, loss_agg_mode, num_tokens=num_tokens)
+    return aggregate_loss(
+        entropy_from_logits(logits),
+        action_mask,
+        loss_agg_mode,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        max_len=max_len,
+    )

@@ -67,6 +67,8 @@ def kl_loss(
     *,
     loss_agg_mode: str = "token_mean",
     num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+    max_len: int | None = None,
     log_ratio_clip: float | None = 20.0,
     kl_clip: float | None = 10.0,
 ) -> torch.Tensor:
@@ -75,7 +77,5 @@ def kl_loss(
     ``r grad log pi`` is unbiased for ``grad KL(pi || pi_ref)``; k3's (GRPO's choice) for ``grad KL(pi_ref || pi)``;
     k1's gradient has zero expectation, so it makes a poor loss.
     """
-    kl = compute_kl(
-        log_probs, ref_log_probs, action_mask, estimator, log_ratio_clip=log_ratio_clip, kl_clip=kl_clip
-    )
-    return aggregate_loss(kl, action_mask, loss_agg_mode, num_tokens=num_tokens)
+    kl = compute_kl(log_probs, ref_log_probs, action_mask, estimator, log_ratio_clip=log_ratio_clip, kl_clip=kl_clip)
+    return aggregate_loss(kl, action_mask, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)

@@ -29,6 +29,8 @@ def ppo_policy_loss(
     loss_agg_mode: str = "token_mean",
     is_weights: torch.Tensor | None = None,
     num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+    max_len: int | None = None,
     log_ratio_clip: float = 20.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate, per token then aggregated (``loss_agg_mode``, see ``normalize.aggregate_loss``):
@@ -59,7 +61,7 @@ def ppo_policy_loss(
     loss = -objective
     if is_weights is not None:
         loss = loss * is_weights.detach().to(loss.dtype)
-    total = aggregate_loss(loss, m, loss_agg_mode, num_tokens=num_tokens)
+    total = aggregate_loss(loss, m, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
     with torch.no_grad():
         metrics = {
             "clip_frac": masked_mean((surr2 < surr1).to(lr.dtype), m),

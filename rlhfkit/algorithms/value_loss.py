@@ -16,6 +16,8 @@ def value_loss(
     value_clip: float | None = None,
     loss_agg_mode: str = "token_mean",
     num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+    max_len: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``0.5 * agg(l)`` with ``l = (V - G)^2``, or with ``value_clip = c`` (``--value_clip``):
     ``l = max((V - G)^2, (V_old + clip(V - V_old, -c, c) - G)^2)``.
@@ -37,7 +39,7 @@ def value_loss(
         clipped = (v_old + (v - v_old).clamp(-value_clip, value_clip) - g).square()
         per_token = torch.max(unclipped, clipped)
         clip_active = clipped > unclipped
-    loss = 0.5 * aggregate_loss(per_token, m, loss_agg_mode, num_tokens=num_tokens)
+    loss = 0.5 * aggregate_loss(per_token, m, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
     with torch.no_grad():
         metrics = {
             "value_clip_frac": masked_mean(clip_active.to(dtype), m),

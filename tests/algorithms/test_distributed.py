@@ -35,7 +35,8 @@ def make_inputs(n=4, prompts=4, length=6):
 
 def run_two_ranks(tmp_path, inputs):
     torch.save(inputs, tmp_path / "inputs.pt")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(REPO)}
+    loopback = "lo0" if sys.platform == "darwin" else "lo"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": loopback, "PYTHONPATH": str(REPO)}
     procs = [
         subprocess.Popen(
             [sys.executable, str(WORKER), str(rank), "2", str(tmp_path / "store"), str(tmp_path / "inputs.pt"),

@@ -178,3 +178,16 @@ def test_entropy_with_banned_tokens_and_extremes():
     policy_entropy(logits, torch.ones(1, 2)).backward()
     assert torch.isfinite(logits.grad).all()
     assert entropy_from_logits(torch.zeros(2, 3, 8, dtype=torch.bfloat16)).dtype == torch.float32
+
+
+def test_dr_grpo_aggregation_uses_a_constant_normaliser():
+    new, old, adv = batch(5)
+    per_tok = [[ref_ppo_token(new[b, t].item(), old[b, t].item(), adv[b, t].item(), 0.2, 0.2, None)
+                for t in range(4)] for b in range(5)]
+    total = math.fsum(per_tok[b][t] for b in range(5) for t in range(4) if MASK[b, t])
+    loss, _ = ppo_policy_loss(new, old, adv, MASK, loss_agg_mode="seq_mean_token_sum_norm", max_len=100, num_seqs=8)
+    assert loss.item() == pytest.approx(total / (8 * 100), rel=1e-12)
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(5, 4, 3, generator=g, dtype=torch.float64)
+    ent = policy_entropy(logits, MASK, loss_agg_mode="token_mean", num_tokens=50)
+    assert ent.item() == pytest.approx(entropy_from_logits(logits)[MASK].sum().item() / 50, rel=1e-12)
