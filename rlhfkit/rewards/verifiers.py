@@ -8,8 +8,8 @@ timeout, validation and error policy (:class:`rlhfkit.rewards.reward_func.Reward
 * ``math``: the answer is the content of the last ``\\boxed{...}`` (nested braces allowed), else the last number in
   the response. Numbers may be integers, decimals, ``a/b`` or ``\\frac{a}{b}``, with a sign, ``$`` and thousands
   commas; they are compared exactly as fractions (relative tolerance 1e-9 for float labels). A label may be a
-  number or a string (a number, ``\\boxed{..}``, or text ending in a number such as GSM8K's ``#### 42``); a
-  non-numeric boxed answer is compared as text. Reward 1.0 / 0.0; no answer -> 0.0. A None label is an error.
+  number or a string (a number, ``\\boxed{..}``, or GSM8K's ``... #### 42``); non-numeric answers are compared
+  as text (whitespace removed, case folded). Reward 1.0 / 0.0; no answer -> 0.0. A None label is an error.
 * ``format``: 1.0 when the response matches ``<think>...</think><answer>...</answer>`` (whitespace around allowed),
   or a user regex (``format_pattern``, matched with ``re.search`` and ``re.DOTALL``; anchor it with ``^...$``).
 * ``exact``: 1.0 when the stripped response equals the stripped label.
@@ -59,7 +59,7 @@ def extract_answer(response: str) -> str | None:
 
 
 def parse_number(text: str) -> Fraction | None:
-    """``text`` as an exact fraction (``"1,234"``, ``"$-3.5"``, ``"3/4"``, ``"\\frac{1}{2}"``, ``"50%"`` -> 50), or None."""
+    """``text`` as an exact fraction (``"1,234"``, ``"$-3.5"``, ``"3/4"``, ``"\\frac{1}{2}"``, ``"50%"``), or None."""
     s = text.strip().replace("\u2212", "-")
     for junk in ("$", ",", " ", "\\!", "\\,", "\\;", "\\ ", "\\%", "%", "\\left", "\\right"):
         s = s.replace(junk, "")
@@ -77,19 +77,13 @@ def parse_number(text: str) -> Fraction | None:
     return Fraction(s) if _DECIMAL.match(s) else None
 
 
-def _label_number(label: Any) -> Fraction | None:
-    if isinstance(label, bool):
-        return None
-    if isinstance(label, int):
-        return Fraction(label)
-    if isinstance(label, float):
-        return Fraction(repr(label))
-    text = str(label)
-    value = parse_number(text)
-    if value is None:
-        answer = extract_answer(text)
-        value = parse_number(answer) if answer is not None else None
-    return value
+def label_answer(label: Any) -> str:
+    """The answer part of a label: the last ``\\boxed{}`` content, else the text after GSM8K's ``####``, else all."""
+    text = repr(label) if isinstance(label, float) else str(label)
+    boxed = extract_boxed(text)
+    if boxed is not None:
+        return boxed
+    return text.rsplit("####", 1)[1] if "####" in text else text
 
 
 def _normalize_text(text: str) -> str:
@@ -100,12 +94,12 @@ def math_equal(answer: str | None, label: Any) -> bool:
     """True when an extracted ``answer`` equals ``label`` numerically (or as normalised text if not a number)."""
     if answer is None:
         return False
-    value, target = parse_number(answer), _label_number(label)
+    target_text = label_answer(label)
+    value, target = parse_number(answer), (None if isinstance(label, bool) else parse_number(target_text))
     if value is not None and target is not None:
         return value == target or abs(value - target) <= REL_TOL * max(abs(value), abs(target))
     if value is None and target is None:
-        label_text = extract_boxed(str(label)) or str(label)
-        return _normalize_text(answer) == _normalize_text(label_text)
+        return _normalize_text(answer) == _normalize_text(target_text)
     return False
 
 

@@ -1,0 +1,13 @@
+"""`rlhfkit serve-rm` (also `python -m rlhfkit.cli.serve_rm`): serve a reward model or reward_func over HTTP."""
+
+from __future__ import annotations
+
+from rlhfkit.rewards.server import serve_rm_main
+
+
+def main(argv: list[str] | None = None) -> None:
+    serve_rm_main(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""``rlhfkit serve-rm``: serve a reward source over HTTP (standard library ``ThreadingHTTPServer``).
+
+API (OpenRLHF's ``/get_reward``):
+
+* ``POST /get_reward`` with JSON ``{"query": [str, ...], "prompts": [str, ...], "labels": [...]}`` (``prompts`` and
+  ``labels`` optional, same length as ``query``) -> 200 ``{"rewards": [...], "scores": [...], "extra_logs": {...},
+  "failed": int}``;
+* ``GET /health`` -> 200 ``{"status": "ok", "source": name}``.
+
+Errors are JSON ``{"error": "..."}``: 400 malformed request, 401 missing / wrong bearer token (when a token is set
+by ``--auth_token`` or env ``RLHFKIT_RM_TOKEN``), 404 unknown path, 413 body too large, 422 the reward source
+failed on the batch (e.g. a reward_func error naming the sample; not retried by the client), 500 anything else.
+Requests are scored one at a time (a lock; a model's forward hooks are not re-entrant): for throughput run several
+servers and give the client all their URLs. The server binds 127.0.0.1 unless ``--host`` says otherwise (OpenRLHF
+binds 0.0.0.0; exposing a reward server is an explicit choice here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import json
+import logging
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import torch
+
+from rlhfkit.rewards.base import RewardError, RewardSource, check_batch
+from rlhfkit.rewards.remote import ENDPOINT, TOKEN_ENV
+from rlhfkit.rewards.reward_func import DEFAULT_TIMEOUT
+from rlhfkit.rewards.sources import build_reward_source
+
+logger = logging.getLogger(__name__)
+MAX_BODY_BYTES = 256 * 1024 * 1024
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+REJECTED = {"load_in_4bit": "4-bit loading is not supported; serve the model in bf16/fp16/fp32",
+            "packing_samples": "serve-rm scores padded micro-batches; drop the flag",
+            "use_ms": "ModelScope downloads are not supported; pass a local folder or a hub name"}
+
+
+class BadRequest(ValueError):
+    """A request the server answers with 4xx; ``status`` is the code."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RewardServer(ThreadingHTTPServer):
+    """A threading HTTP server holding one reward source, an optional bearer token and a scoring lock."""
+
+    daemon_threads = True
+
+    def __init__(self, source: RewardSource, host: str = "127.0.0.1", port: int = 5000,
+                 token: str | None = None) -> None:
+        super().__init__((host, port), RewardHandler)
+        self.source, self.token, self.lock = source, token or None, threading.Lock()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}{ENDPOINT}"
+
+
+class RewardHandler(BaseHTTPRequestHandler):
+    """``POST /get_reward`` and ``GET /health``."""
+
+    server: RewardServer
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        if self.path.rstrip("/") != "/health":
+            return self._send(404, {"error": f"unknown path {self.path!r}; use POST {ENDPOINT}"})
+        self._send(200, {"status": "ok", "source": self.server.source.name})
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        try:
+            body = self._read_body()  # read first: closing with unread data would reset the connection
+            if self.path.rstrip("/") != ENDPOINT:
+                raise BadRequest(404, f"unknown path {self.path!r}; use POST {ENDPOINT}")
+            self._authorize()
+            queries, prompts, labels = parse_request(body)
+        except BadRequest as err:
+            return self._send(err.status, {"error": str(err)})
+        try:
+            with self.server.lock:
+                out = self.server.source(queries, prompts, labels)
+        except (RewardError, ValueError, TypeError) as err:
+            logger.error("serve-rm: %s", err)
+            return self._send(422, {"error": f"{type(err).__name__}: {err}"})
+        except Exception as err:
+            logger.exception("serve-rm: reward source %s crashed", self.server.source.name)
+            return self._send(500, {"error": f"{type(err).__name__}: {err}"})
+        self._send(200, out.to_json())
+
+    def _read_body(self) -> bytes:
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            raise BadRequest(400, "missing or invalid Content-Length header")
+        if int(length) > MAX_BODY_BYTES:
+            raise BadRequest(413, f"request body of {length} bytes exceeds {MAX_BODY_BYTES}")
+        return self.rfile.read(int(length))
+
+    def _authorize(self) -> None:
+        token = self.server.token
+        if token is None:
+            return
+        given = self.headers.get("Authorization", "")
+        if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), token.encode())):
+            raise BadRequest(401, "missing or wrong bearer token (header 'Authorization: Bearer <token>')")
+
+    def _send(self, status: int, payload: dict[str, Any]) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        if status == 401:
+            self.send_header("WWW-Authenticate", "Bearer")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature of the base class
+        logger.debug("serve-rm %s: " + format, self.address_string(), *args)
+
+
+def parse_request(body: bytes) -> tuple[list[str], list[str] | None, list[Any] | None]:
+    """``(queries, prompts, labels)`` from a request body; :class:`BadRequest` (400) with the reason otherwise."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BadRequest(400, f"body is not valid JSON: {err}") from err
+    if not isinstance(data, dict) or not isinstance(data.get("query"), list):
+        raise BadRequest(400, 'body must be a JSON object with "query": [str, ...] (and optional "prompts", '
+                              '"labels" lists of the same length)')
+    prompts, labels = data.get("prompts"), data.get("labels")
+    for key, value in (("prompts", prompts), ("labels", labels)):
+        if value is not None and not isinstance(value, list):
+            raise BadRequest(400, f'"{key}" must be a list, got {type(value).__name__}')
+    try:
+        return check_batch(data["query"], prompts, labels, "request")
+    except (TypeError, ValueError) as err:
+        raise BadRequest(400, str(err)) from err
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Flags of ``rlhfkit serve-rm`` (OpenRLHF's ``serve_rm`` names, plus the reward_func options)."""
+    p = argparse.ArgumentParser(prog="rlhfkit serve-rm", description="Serve a reward model or reward_func over HTTP.")
+    p.add_argument("--reward_pretrain", default=None, help="reward model(s), comma-separated (combined per "
+                   "--reward_combine)")
+    p.add_argument("--remote_rm_url", default=None, help="a reward_func .py file or builtin:math|format|exact")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; OpenRLHF: 0.0.0.0)")
+    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--auth_token", default=None, help=f"require 'Authorization: Bearer TOKEN' (default ${TOKEN_ENV})")
+    p.add_argument("--normalize_reward", action="store_true", help="apply reward_mean/reward_std from config.json")
+    p.add_argument("--max_len", type=int, default=2048, help="keep the last max_len tokens of each query")
+    p.add_argument("--batch_size", type=int, default=None, help="micro-batch size (default: the whole request)")
+    p.add_argument("--value_head_prefix", default="score", help="only 'score' is supported")
+    p.add_argument("--param_dtype", choices=sorted(DTYPES), default="fp32", help="(OpenRLHF default: bf16)")
+    p.add_argument("--attn_implementation", default="sdpa", help="(OpenRLHF default: flash_attention_2)")
+    p.add_argument("--disable_fast_tokenizer", action="store_true")
+    p.add_argument("--reward_timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per reward_func call")
+    p.add_argument("--reward_error_policy", choices=["raise", "zero"], default="raise")
+    p.add_argument("--reward_combine", choices=["mean", "sum"], default="mean")
+    p.add_argument("--reward_weights", default=None, help="comma-separated weights, one per reward source")
+    p.add_argument("--reward_format_pattern", default=None, help="regex for builtin:format")
+    for flag in REJECTED:
+        p.add_argument(f"--{flag}", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def build_server(argv: list[str] | None = None) -> RewardServer:
+    """Parse flags, load the reward source and bind the server (not yet serving)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for flag, reason in REJECTED.items():
+        if getattr(args, flag):
+            parser.error(f"--{flag}: {reason}")
+    if args.value_head_prefix != "score":
+        parser.error(f"--value_head_prefix {args.value_head_prefix!r}: rlhfkit reward models use the head 'score'")
+    specs = [s for s in (args.reward_pretrain, args.remote_rm_url) if s]
+    if not specs:
+        parser.error("give --reward_pretrain (a reward model) and/or --remote_rm_url (a reward_func file)")
+    model_kwargs = {"normalize_reward": args.normalize_reward, "max_len": args.max_len,
+                    "micro_batch_size": args.batch_size, "dtype": DTYPES[args.param_dtype],
+                    "attn_implementation": args.attn_implementation,
+                    "use_fast_tokenizer": not args.disable_fast_tokenizer}
+    weights = [float(w) for w in args.reward_weights.split(",")] if args.reward_weights else None
+    source = build_reward_source(specs, timeout=args.reward_timeout, error_policy=args.reward_error_policy,
+                                 combine_rule=args.reward_combine, weights=weights,
+                                 format_pattern=args.reward_format_pattern, model_kwargs=model_kwargs)
+    token = args.auth_token if args.auth_token is not None else os.environ.get(TOKEN_ENV)
+    return RewardServer(source, args.host, args.port, token)
+
+
+def serve_rm_main(argv: list[str] | None = None) -> None:
+    """``rlhfkit serve-rm``: build the server and serve until interrupted."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = build_server(argv)
+    logger.info("serving %s at %s%s", server.source.name, server.url, " (bearer token required)" * bool(server.token))
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        logger.info("serve-rm: interrupted, shutting down")
+    finally:
+        server.server_close()

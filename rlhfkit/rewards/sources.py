@@ -1,0 +1,149 @@
+"""Choose reward sources from specs and combine several into one.
+
+A spec list is the comma-separated values of ``--reward_pretrain`` and ``--remote_rm_url`` together. Each spec is:
+
+* ``http://...`` / ``https://...``: a reward server; **all** URLs form one :class:`RemoteRewardClient` whose
+  servers share each batch (replicas of one reward, as OpenRLHF's list of ``--remote_rm_url`` servers);
+* ``*.py``: a user ``reward_func`` file (:class:`RewardFuncSource`);
+* ``builtin:NAME``: a built-in verifier (``math``, ``format``, ``exact``);
+* anything else: a reward model (local folder, hub name, ``.gguf``, ``embedded:...``; :class:`RewardModelSource`).
+
+Several sources are combined per sample by :func:`combine`: ``mean`` (default) or ``sum`` of their rewards, or with
+``weights`` a weighted sum ``sum_i w_i * r_i``. Scores combine the same way. Each source's own rewards and logs
+are kept in ``extra_logs`` under ``"<source name>/..."``; ``failed`` adds the sources' counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rlhfkit.rewards.base import RewardOutput, RewardSource, check_batch
+from rlhfkit.rewards.remote import RemoteRewardClient
+from rlhfkit.rewards.reward_func import DEFAULT_TIMEOUT, RewardFuncSource
+from rlhfkit.rewards.reward_model import RewardModelSource
+from rlhfkit.rewards.verifiers import get_builtin
+
+COMBINE_RULES = ("mean", "sum")
+BUILTIN_PREFIX = "builtin:"
+
+
+def split_specs(specs: str | Sequence[str] | None) -> list[str]:
+    """Flatten comma-separated spec strings into a list, dropping empty items."""
+    items = [specs] if isinstance(specs, str) else list(specs or [])
+    return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
+
+
+def spec_kind(spec: str) -> str:
+    """``"remote"``, ``"file"``, ``"builtin"`` or ``"model"``."""
+    if spec.startswith(("http://", "https://")):
+        return "remote"
+    if spec.endswith(".py"):
+        return "file"
+    if spec.startswith(BUILTIN_PREFIX):
+        return "builtin"
+    return "model"
+
+
+def build_reward_source(specs: str | Sequence[str], *, timeout: float | None = DEFAULT_TIMEOUT,
+                        error_policy: str = "raise", combine_rule: str = "mean",
+                        weights: Sequence[float] | None = None, format_pattern: str | None = None,
+                        model_kwargs: dict[str, Any] | None = None,
+                        remote_kwargs: dict[str, Any] | None = None) -> RewardSource:
+    """One reward source for ``specs`` (see the module docstring); several are wrapped in :class:`CombinedSource`.
+
+    ``timeout`` / ``error_policy`` apply to reward_func files and built-ins; ``model_kwargs`` go to
+    :class:`RewardModelSource` (``micro_batch_size``, ``max_len``, ``normalize_reward``, ``dtype``, ``device``, ...);
+    ``remote_kwargs`` to :class:`RemoteRewardClient` (``timeout``, ``retries``, ``backoff``, ``token``).
+    """
+    items = split_specs(specs)
+    if not items:
+        raise ValueError("no reward source: set --reward_pretrain (reward model) or --remote_rm_url "
+                         "(http(s) URL, reward_func .py file, or builtin:math|format|exact)")
+    sources: list[RewardSource] = []
+    urls = [s for s in items if spec_kind(s) == "remote"]
+    for spec in items:
+        kind = spec_kind(spec)
+        if kind == "remote":
+            if not any(isinstance(s, RemoteRewardClient) for s in sources):
+                sources.append(RemoteRewardClient(urls, **(remote_kwargs or {})))
+        elif kind == "file":
+            sources.append(RewardFuncSource.from_file(spec, timeout=timeout, error_policy=error_policy))
+        elif kind == "builtin":
+            func = get_builtin(spec[len(BUILTIN_PREFIX):], format_pattern=format_pattern)
+            sources.append(RewardFuncSource(func, spec, timeout=timeout, error_policy=error_policy))
+        else:
+            sources.append(RewardModelSource(spec, **(model_kwargs or {})))
+    return sources[0] if len(sources) == 1 and weights is None else CombinedSource(sources, combine_rule, weights)
+
+
+def reward_source_from_config(cfg: Any) -> RewardSource:
+    """:func:`build_reward_source` from a flat config (``cfg.reward_pretrain``, ``cfg.remote_rm_url``, ...).
+
+    Reads, with these defaults when absent: ``reward_timeout`` (60), ``reward_error_policy`` ("raise"),
+    ``reward_combine`` ("mean"), ``reward_weights`` (None), ``reward_format_pattern`` (None),
+    ``normalize_reward`` (False), ``reward_micro_batch_size`` (falls back to ``micro_rollout_batch_size``, 8),
+    ``max_len`` (2048), ``remote_rm_timeout`` (60), ``remote_rm_retries`` (3), ``remote_rm_backoff`` (1.0),
+    ``remote_rm_token`` (env ``RLHFKIT_RM_TOKEN``).
+    """
+    def get(name: str, default: Any) -> Any:
+        value = getattr(cfg, name, None)
+        return default if value is None else value
+
+    specs = split_specs(get("reward_pretrain", [])) + split_specs(get("remote_rm_url", []))
+    weights = get("reward_weights", None)
+    model_kwargs = {"normalize_reward": bool(get("normalize_reward", False)), "max_len": int(get("max_len", 2048)),
+                    "micro_batch_size": int(get("reward_micro_batch_size", get("micro_rollout_batch_size", 8)))}
+    remote_kwargs = {"timeout": float(get("remote_rm_timeout", 60.0)), "retries": int(get("remote_rm_retries", 3)),
+                     "backoff": float(get("remote_rm_backoff", 1.0)), "token": get("remote_rm_token", None)}
+    return build_reward_source(
+        specs, timeout=get("reward_timeout", DEFAULT_TIMEOUT), error_policy=get("reward_error_policy", "raise"),
+        combine_rule=get("reward_combine", "mean"),
+        weights=[float(w) for w in split_specs(weights)] if weights is not None else None,
+        format_pattern=get("reward_format_pattern", None), model_kwargs=model_kwargs, remote_kwargs=remote_kwargs)
+
+
+def combine(outputs: Sequence[RewardOutput], names: Sequence[str], rule: str = "mean",
+            weights: Sequence[float] | None = None) -> RewardOutput:
+    """Combine per-sample rewards of several sources: mean / sum, or a weighted sum when ``weights`` is given."""
+    if rule not in COMBINE_RULES:
+        raise ValueError(f"--reward_combine must be one of {COMBINE_RULES}, got {rule!r}")
+    if not outputs or len(outputs) != len(names):
+        raise ValueError(f"combine needs one name per output ({len(outputs)} outputs, {len(names)} names)")
+    sizes = {len(o) for o in outputs}
+    if len(sizes) != 1:
+        raise ValueError(f"reward sources returned different batch sizes: {dict(zip(names, map(len, outputs)))}")
+    if weights is not None and len(weights) != len(outputs):
+        raise ValueError(f"--reward_weights has {len(weights)} values for {len(outputs)} reward sources {list(names)}")
+    w = torch.tensor([float(x) for x in weights] if weights is not None else
+                     [1.0 / len(outputs) if rule == "mean" else 1.0] * len(outputs), dtype=torch.float32)
+    rewards = (w[:, None] * torch.stack([o.rewards for o in outputs])).sum(0)
+    scores = (w[:, None] * torch.stack([o.scores for o in outputs])).sum(0)
+    logs: dict[str, torch.Tensor | list] = {}
+    for name, out in zip(names, outputs):
+        logs[f"{name}/reward"] = out.rewards
+        logs.update({f"{name}/{key}": value for key, value in out.extra_logs.items()})
+    return RewardOutput(rewards, scores, logs, sum(o.failed for o in outputs))
+
+
+class CombinedSource:
+    """Several reward sources called in turn on the same batch and merged with :func:`combine`."""
+
+    def __init__(self, sources: Sequence[RewardSource], rule: str = "mean",
+                 weights: Sequence[float] | None = None) -> None:
+        if rule not in COMBINE_RULES:
+            raise ValueError(f"--reward_combine must be one of {COMBINE_RULES}, got {rule!r}")
+        if weights is not None and len(weights) != len(sources):
+            raise ValueError(f"--reward_weights has {len(weights)} values for {len(sources)} reward sources "
+                             f"{[s.name for s in sources]}")
+        self.sources, self.rule, self.weights = list(sources), rule, weights
+        self.name = "+".join(s.name for s in self.sources)
+
+    def __call__(self, queries: list[str], prompts: list[str] | None = None,
+                 labels: list[Any] | None = None) -> RewardOutput:
+        """Call every source, then :func:`combine`."""
+        queries, prompts, labels = check_batch(queries, prompts, labels, f"reward sources {self.name}")
+        outputs = [source(queries, prompts, labels) for source in self.sources]
+        return combine(outputs, [s.name for s in self.sources], self.rule, self.weights)
