@@ -249,16 +249,18 @@ def _parse_max_samples(max_samples: int | float | None) -> int | None:
 
 
 def blend_datasets(specs: Sequence[str] | str, probs: Sequence[float] | str | None = None, *, split: str = "train",
-                   seed: int = 42, max_samples: int | float | None = None) -> datasets.Dataset:
+                   seed: int = 42, max_samples: int | float | None = None,
+                   flags: tuple[str, str] = ("--dataset", "--dataset_probs")) -> datasets.Dataset:
     """Load ``--dataset a,b`` and mix them per ``--dataset_probs``, keeping at most ``--max_samples`` rows.
 
     Without probabilities the sources are concatenated in order and the first ``max_samples`` rows kept.
     With probabilities, ``N = max_samples`` (or the total row count) rows are drawn: each draw picks a source with
     its probability (seeded), and each source yields its rows in a seeded shuffled order, starting a new shuffled pass
     when it runs out (so a small source with a large probability is repeated). Same seed -> same rows, same order.
+    ``flags`` names the two flags in error messages (e.g. ``("--prompt_data", "--prompt_data_probs")``).
     """
-    spec_list = parse_list(specs, "--dataset")
-    prob_list = parse_probs(probs, len(spec_list))
+    spec_list = parse_list(specs, flags[0])
+    prob_list = parse_probs(probs, len(spec_list), flags[1])
     limit = _parse_max_samples(max_samples)
     parts = [load_dataset_spec(s, split) for s in spec_list]
     merged = _concatenate(parts, spec_list)

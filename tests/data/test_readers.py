@@ -168,3 +168,9 @@ def test_mixed_type_column_keeps_original_values(tmp_path):
     # `datasets` alone turns the string "true" into True (and "1" into 1) in a column that mixes types
     path = write_jsonl(tmp_path / "mixed.jsonl", [{"label": True}, {"label": "true"}, {"label": "1"}, {"label": 2.5}])
     assert load_dataset_spec(path)["label"] == [True, "true", "1", 2.5]
+
+
+def test_prompt_data_flags_are_named(tmp_path):
+    a, b = _two_sources(tmp_path, 2, 2)
+    with pytest.raises(DataError, match=r"--prompt_data_probs: got 1 probabilities"):
+        blend_datasets([a, b], "1.0", split="train", seed=0, flags=("--prompt_data", "--prompt_data_probs"))

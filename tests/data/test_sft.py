@@ -127,3 +127,30 @@ def test_conversation_without_assistant_turn(tokenizer, load_rows):
     rows = load_rows([{"messages": CONV[:1]}])
     with pytest.raises(DataError, match=r"line 1: the conversation has no assistant message"):
         sft(rows, tokenizer, input_key="messages", output_key=None, apply_chat_template=True)
+
+
+class BosTokenizer:
+    """The real tokenizer, but adding a BOS token in front like Llama-style tokenizers do."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __call__(self, text, add_special_tokens=True):
+        ids = self._inner(text, add_special_tokens=False)["input_ids"]
+        return {"input_ids": ([self._inner.bos_token_id] + ids) if add_special_tokens else ids}
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_leading_bos_is_added_once(tokenizer, load_rows, spans):
+    bos_tok = BosTokenizer(tokenizer)
+    rows = load_rows([{"input": "hi", "output": "ok"}])
+    (plain,), _ = sft(rows, bos_tok)
+    assert plain["input_ids"][0] == tokenizer.bos_token_id and plain["loss_mask"][0] == 0
+    expected = _ids(tokenizer, "User: hi\nAssistant: ") + _ids(tokenizer, "ok") + [tokenizer.eos_token_id]
+    assert plain["input_ids"][1:] == expected
+    # SmolLM2's chat text already starts with its BOS token (<|im_start|>): it must not be doubled
+    (chat,), _ = sft(rows, bos_tok, apply_chat_template=True)
+    assert chat["input_ids"][0] == tokenizer.bos_token_id and chat["input_ids"][1] != tokenizer.bos_token_id
+    assert spans(tokenizer, chat["input_ids"], chat["loss_mask"]) == ["ok<|im_end|>"]
