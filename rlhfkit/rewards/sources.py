@@ -10,7 +10,8 @@ A spec list is the comma-separated values of ``--reward_pretrain`` and ``--remot
 
 Several sources are combined per sample by :func:`combine`: ``mean`` (default) or ``sum`` of their rewards, or with
 ``weights`` a weighted sum ``sum_i w_i * r_i``. Scores combine the same way. Each source's own rewards and logs
-are kept in ``extra_logs`` under ``"<source name>/..."``; ``failed`` adds the sources' counts.
+are kept in ``extra_logs`` under ``"<source name>/..."`` (a repeated name gets ``#2``, ...); ``failed`` adds the
+sources' counts.
 """
 
 from __future__ import annotations
@@ -122,10 +123,20 @@ def combine(outputs: Sequence[RewardOutput], names: Sequence[str], rule: str = "
     rewards = (w[:, None] * torch.stack([o.rewards for o in outputs])).sum(0)
     scores = (w[:, None] * torch.stack([o.scores for o in outputs])).sum(0)
     logs: dict[str, torch.Tensor | list] = {}
-    for name, out in zip(names, outputs):
+    for name, out in zip(unique_names(names), outputs):
         logs[f"{name}/reward"] = out.rewards
         logs.update({f"{name}/{key}": value for key, value in out.extra_logs.items()})
     return RewardOutput(rewards, scores, logs, sum(o.failed for o in outputs))
+
+
+def unique_names(names: Sequence[str]) -> list[str]:
+    """Names made unique for log keys: a repeated name gets ``#2``, ``#3``, ..."""
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return out
 
 
 class CombinedSource:

@@ -1,0 +1,202 @@
+"""serve-rm and the HTTP client over real HTTP on 127.0.0.1 (servers run in threads of the test process)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from rlhfkit.rewards.remote import RemoteRewardClient, RemoteRewardError, shard_bounds
+from rlhfkit.rewards.reward_func import RewardFuncSource
+from rlhfkit.rewards.server import RewardServer, build_server
+
+QUERIES = [f"prompt {i} response {i}" for i in range(5)]
+PROMPTS = [f"prompt {i}" for i in range(5)]
+
+
+def index_reward(tag: float):
+    def reward_func(queries, prompts, labels):
+        if any("boom" in q for q in queries):
+            raise ValueError("cannot grade")
+        return {"rewards": [float(q.split()[-1]) for q in queries], "extra_logs": {"server": [tag] * len(queries)}}
+    return RewardFuncSource(reward_func, f"test:{tag}")
+
+
+@contextmanager
+def serving(server: ThreadingHTTPServer) -> Iterator[str]:
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        host, port = server.server_address[:2]
+        yield f"http://{host}:{port}/get_reward"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def raw_post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=body, headers=headers or {}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def client(urls, **kwargs) -> RemoteRewardClient:
+    return RemoteRewardClient(urls, **{"timeout": 2.0, "retries": 2, "backoff": 0.01, **kwargs})
+
+
+def test_reward_func_over_http_matches_in_process():
+    with serving(RewardServer(index_reward(7.0), "127.0.0.1", 0)) as url:
+        out = client([url])(QUERIES, PROMPTS, [None] * 5)
+    assert out.rewards.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0] and out.scores.tolist() == out.rewards.tolist()
+    assert out.extra_logs["server"].tolist() == [7.0] * 5 and out.failed == 0
+
+
+def test_serve_rm_cli_with_a_reward_model(tiny_reward_model_dir):
+    server = build_server(["--reward_pretrain", tiny_reward_model_dir, "--port", "0", "--batch_size", "2"])
+    assert server.server_address[0] == "127.0.0.1"
+    with serving(server) as url:
+        out = client(url.rsplit("/get_reward", 1)[0])(QUERIES)  # a bare host:port gets /get_reward appended
+        with urllib.request.urlopen(url.replace("/get_reward", "/health"), timeout=5) as response:
+            assert json.loads(response.read())["status"] == "ok"
+    torch.testing.assert_close(out.rewards, server.source(QUERIES).rewards)
+    assert torch.isfinite(out.rewards).all()
+
+
+def test_serve_rm_cli_rejects_bad_flags(tmp_path):
+    with pytest.raises(SystemExit):
+        build_server(["--port", "0"])
+    with pytest.raises(SystemExit):
+        build_server(["--remote_rm_url", "builtin:math", "--load_in_4bit", "--port", "0"])
+
+
+def test_bearer_token_required():
+    with serving(RewardServer(index_reward(1.0), "127.0.0.1", 0, token="s3cret")) as url:
+        body = json.dumps({"query": QUERIES}).encode()
+        status, payload = raw_post(url, body)
+        assert status == 401 and "bearer token" in payload["error"]
+        assert raw_post(url, body, {"Authorization": "Bearer wrong"})[0] == 401
+        status, payload = raw_post(url, body, {"Authorization": "Bearer s3cret"})
+        assert status == 200 and payload["rewards"] == [0.0, 1.0, 2.0, 3.0, 4.0]
+        assert client([url], token="s3cret")(QUERIES).rewards.tolist() == payload["rewards"]
+        with pytest.raises(RemoteRewardError, match=r"after 1 of 3 attempt.*HTTP 401"):
+            client([url], token="")(QUERIES)
+
+
+def test_malformed_requests_get_400():
+    with serving(RewardServer(index_reward(1.0), "127.0.0.1", 0)) as url:
+        assert raw_post(url, b"{not json")[0] == 400
+        assert raw_post(url, json.dumps({"queries": QUERIES}).encode())[0] == 400
+        status, payload = raw_post(url, json.dumps({"query": QUERIES, "prompts": PROMPTS[:2]}).encode())
+        assert status == 400 and "5 queries but 2 prompts" in payload["error"]
+        assert raw_post(url, json.dumps({"query": [1, 2]}).encode())[0] == 400
+        assert raw_post(url.replace("get_reward", "nope"), b"{}")[0] == 404
+
+
+def test_reward_error_on_server_is_422_and_names_the_sample():
+    with serving(RewardServer(index_reward(1.0), "127.0.0.1", 0)) as url:
+        queries = QUERIES[:2] + ["boom 9"]
+        with pytest.raises(RemoteRewardError, match=r"1 of 3 attempt.*HTTP 422.*sample 2.*boom 9"):
+            client([url])(queries)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_server_down_fails_after_retries_in_bounded_time():
+    url = f"http://127.0.0.1:{free_port()}/get_reward"
+    start = time.monotonic()
+    with pytest.raises(RemoteRewardError) as info:
+        client([url], retries=2, backoff=0.05)(QUERIES)
+    assert time.monotonic() - start < 3.0
+    message = str(info.value)
+    assert url in message and "3 of 3 attempt" in message and "refused" in message.lower(), message
+
+
+class SlowHandler(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers["Content-Length"]))
+        time.sleep(1.5)
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+class CannedHandler(BaseHTTPRequestHandler):
+    body = b"not json at all"
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+def canned(body: dict | bytes) -> ThreadingHTTPServer:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    handler = type("Handler", (CannedHandler,), {"body": raw})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    return server
+
+
+def test_slow_server_times_out():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SlowHandler)
+    server.daemon_threads = True
+    with serving(server) as url:
+        start = time.monotonic()
+        with pytest.raises(RemoteRewardError, match=r"2 of 2 attempt.*timed out") as info:
+            client([url], timeout=0.3, retries=1)(QUERIES)
+        assert time.monotonic() - start < 1.5 and url in str(info.value)
+
+
+@pytest.mark.parametrize("body, reason", [
+    (b"not json at all", "not JSON"),
+    ({"scores": [1.0] * 5}, "no 'rewards' key"),
+    ({"rewards": [1.0] * 4}, "4 rewards for 5 queries"),
+    ({"rewards": [1.0] * 5, "scores": [1.0] * 6}, "6 scores for 5 queries"),
+    ({"rewards": ["a"] * 5}, "only numbers"),
+    (b'{"rewards": [1.0, NaN, 1, 1, 1]}', r"non-finite reward \(nan\) for sample 1"),
+])
+def test_malformed_answers_fail_clearly(body, reason):
+    with serving(canned(body)) as url:
+        with pytest.raises(RemoteRewardError, match=reason) as info:
+            client([url], retries=1)(QUERIES)
+    assert url in str(info.value) and "2 of 2 attempt" in str(info.value)
+
+
+def test_two_servers_share_a_batch_in_order():
+    with serving(RewardServer(index_reward(0.0), "127.0.0.1", 0)) as url_a, \
+            serving(RewardServer(index_reward(1.0), "127.0.0.1", 0)) as url_b:
+        out = client([url_a, url_b])(QUERIES, PROMPTS, None)
+        tiny = client([url_a, url_b])(QUERIES[:1])
+    assert out.rewards.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert out.extra_logs["server"].tolist() == [0.0, 0.0, 0.0, 1.0, 1.0]
+    assert tiny.rewards.tolist() == [0.0]
+    assert shard_bounds(5, 2) == [(0, 3), (3, 5)] and shard_bounds(1, 3) == [(0, 1), (1, 1), (1, 1)]
+
+
+def test_labels_must_be_json():
+    with pytest.raises(RemoteRewardError, match="JSON"):
+        client(["http://127.0.0.1:9/get_reward"])(["q"], ["p"], [object()])
