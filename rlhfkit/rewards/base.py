@@ -101,7 +101,7 @@ def to_float_vector(values: Any, what: str) -> torch.Tensor:
     if hasattr(values, "tolist") and not isinstance(values, torch.Tensor):  # numpy arrays
         values = values.tolist()
     if isinstance(values, torch.Tensor):
-        tensor = values.detach().to("cpu", torch.float32)
+        tensor = values.detach().to("cpu", torch.float32).clone()  # never alias the caller's tensor
     elif isinstance(values, (list, tuple)):
         try:
             tensor = torch.tensor([_as_number(v) for v in values], dtype=torch.float32)

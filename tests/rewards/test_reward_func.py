@@ -149,3 +149,15 @@ def test_batch_only_failure_is_reported_without_blaming_a_sample(tmp_path):
         source(tmp_path, body)(QUERIES, PROMPTS, LABELS)
     out = source(tmp_path, body, error_policy="zero")(QUERIES, PROMPTS, LABELS)
     assert out.rewards.tolist() == [1.0] * 4 and out.failed == 0
+
+
+def test_example_math_reward_file():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "reward_funcs" / "math_reward.py"
+    src = RewardFuncSource.from_file(path)
+    prompts = ["What is 2+2?", "Half of 3?", "Sum?"]
+    responses = [r" <think>easy</think><answer>\boxed{4}</answer>", " It is 3/2", " no idea"]
+    out = src([p + r for p, r in zip(prompts, responses)], prompts, ["4", "1.5", "7"])
+    assert out.rewards.tolist() == pytest.approx([1.1, 1.0, 0.0]) and out.scores.tolist() == [1.0, 1.0, 0.0]
+    assert out.extra_logs["format_ok"].tolist() == [1.0, 0.0, 0.0]
