@@ -98,7 +98,10 @@ def load_reward_func(path: str | Path, func_name: str = FUNC_NAME) -> Callable[.
 def call_with_timeout(func: Callable[..., Any], args: tuple, timeout: float | None, name: str) -> Any:
     """``func(*args)`` in a daemon thread, waiting at most ``timeout`` s (None or <= 0: call inline, no limit)."""
     if not timeout or timeout <= 0:
-        return func(*args)
+        try:
+            return func(*args)
+        except Exception as err:
+            raise _CallFailed(f"raised {type(err).__name__}: {err}", err) from err
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -187,7 +190,7 @@ class RewardFuncSource:
         if not isinstance(result, dict):
             raise _CallFailed(f"returned {type(result).__name__}, not a dict with a 'rewards' key")
         if "rewards" not in result:
-            raise _CallFailed(f"returned a dict without the 'rewards' key (keys: {sorted(result)})")
+            raise _CallFailed(f"returned a dict without the 'rewards' key (keys: {list(result)})")
         try:
             rewards = to_float_vector(result["rewards"], "'rewards'")
             scores = rewards if result.get("scores") is None else to_float_vector(result["scores"], "'scores'")

@@ -161,3 +161,9 @@ def test_example_math_reward_file():
     out = src([p + r for p, r in zip(prompts, responses)], prompts, ["4", "1.5", "7"])
     assert out.rewards.tolist() == pytest.approx([1.1, 1.0, 0.0]) and out.scores.tolist() == [1.0, 1.0, 0.0]
     assert out.extra_logs["format_ok"].tolist() == [1.0, 0.0, 0.0]
+
+
+def test_no_timeout_still_names_the_sample(tmp_path):
+    with pytest.raises(RewardFuncError, match=r"sample 2.*raised ValueError") as info:
+        source(tmp_path, RAISES, timeout=0)(QUERIES, PROMPTS, LABELS)
+    assert isinstance(info.value.__cause__, ValueError)
