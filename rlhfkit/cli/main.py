@@ -6,9 +6,12 @@ import importlib
 import sys
 
 from rlhfkit.config.parse import ConfigError
+from rlhfkit.data.errors import DataError
 
 COMMANDS = {
     "sft": "supervised fine-tuning",
+    "ppo": "online RL on Ray + vLLM: PPO, REINFORCE++, GRPO, Dr. GRPO, RLOO",
+    "serve-rm": "serve a reward model or reward function over HTTP",
 }
 
 
@@ -30,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     module = importlib.import_module(f"rlhfkit.cli.{command.replace('-', '_')}")
     try:
         module.main(rest)
-    except ConfigError as err:
+    except (ConfigError, DataError) as err:
         print(f"rlhfkit {command}: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -1,0 +1,95 @@
+"""The Experience record: one typed batch that carries a rollout through the pipeline.
+
+Layout (OpenRLHF's): `sequences` = left-padded prompt (P columns) + right-padded response (R columns).
+Token-level tensors over the response are `[B, R]` and aligned with `action_mask`.
+Rows are prompt-major: the n samples of a prompt are consecutive (the advantage estimators rely on it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Experience:
+    sequences: torch.Tensor                    # [B, P + R] long
+    attention_mask: torch.Tensor               # [B, P + R] long (0 on padding)
+    action_mask: torch.Tensor                  # [B, R] bool (True on generated tokens)
+    rollout_log_probs: torch.Tensor            # [B, R] sampling log-probs reported by the rollout engine
+    prompt_index: torch.Tensor                 # [B] long: which prompt of the step produced the row
+    old_log_probs: torch.Tensor | None = None  # [B, R] trainer log-probs before the update (PPO ratio denominator)
+    ref_log_probs: torch.Tensor | None = None  # [B, R] reference model
+    values: torch.Tensor | None = None         # [B, R] critic
+    kl: torch.Tensor | None = None             # [B, R] per-token KL estimate
+    rewards: torch.Tensor | None = None        # [B] sequence reward used for training
+    scores: torch.Tensor | None = None         # [B] task score (filtering, pass@k)
+    advantages: torch.Tensor | None = None     # [B, R]
+    returns: torch.Tensor | None = None        # [B, R]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return self.sequences.shape[0]
+
+    @property
+    def response_length(self) -> torch.Tensor:
+        return self.action_mask.sum(-1)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor field that is set (for slicing and shipping to workers)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                out[f.name] = value
+        return out
+
+    def select(self, rows: list[int] | torch.Tensor) -> Experience:
+        """A new Experience with only `rows` (info is shared)."""
+        index = torch.as_tensor(rows, dtype=torch.long)
+        return Experience(**{k: v[index] for k, v in self.tensors().items()}, info=self.info)
+
+
+def build_experience(prompt_ids: list[list[int]], response_ids: list[list[int]], rollout_log_probs: list[list[float]],
+                     prompt_index: list[int], pad_token_id: int) -> Experience:
+    """Assemble left-padded prompts + right-padded responses into an Experience."""
+    if not prompt_ids:
+        raise ValueError("build_experience got an empty rollout")
+    width_p = max(len(p) for p in prompt_ids)
+    width_r = max(1, max(len(r) for r in response_ids))
+    rows = len(prompt_ids)
+    sequences = torch.full((rows, width_p + width_r), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((rows, width_p + width_r), dtype=torch.long)
+    action = torch.zeros((rows, width_r), dtype=torch.bool)
+    logps = torch.zeros((rows, width_r), dtype=torch.float32)
+    for i, (prompt, response, logp) in enumerate(zip(prompt_ids, response_ids, rollout_log_probs)):
+        if len(logp) != len(response):
+            raise ValueError(f"row {i}: {len(response)} response tokens but {len(logp)} rollout log-probs")
+        sequences[i, width_p - len(prompt):width_p] = torch.tensor(prompt, dtype=torch.long)
+        attention[i, width_p - len(prompt):width_p] = 1
+        if response:
+            sequences[i, width_p:width_p + len(response)] = torch.tensor(response, dtype=torch.long)
+            attention[i, width_p:width_p + len(response)] = 1
+            action[i, :len(response)] = True
+            logps[i, :len(response)] = torch.tensor(logp, dtype=torch.float32)
+    return Experience(sequences=sequences, attention_mask=attention, action_mask=action, rollout_log_probs=logps,
+                      prompt_index=torch.tensor(prompt_index, dtype=torch.long))
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only (left padding gets position 0)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def split_rows(num_rows: int, parts: int) -> list[list[int]]:
+    """Contiguous, as-even-as-possible row ranges for `parts` ranks."""
+    base, extra = divmod(num_rows, parts)
+    out, start = [], 0
+    for i in range(parts):
+        size = base + (1 if i < extra else 0)
+        out.append(list(range(start, start + size)))
+        start += size
+    return out

@@ -1,0 +1,110 @@
+"""A model group: N `ModelWorker` ranks placed by a Ray placement group, forming one torch process group.
+
+Bundles come from `--<role>_num_nodes x --<role>_num_gpus_per_node`; on a cluster without GPUs each bundle asks
+for a fraction of a CPU (Ray resources are logical: real threads are set by torch). Colocated roles pass the
+same placement group, so their ranks share bundles (the hybrid engine layout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rlhfkit.rl.experience import split_rows
+from rlhfkit.rl.worker import ModelWorker
+
+
+def cluster_has_gpus() -> bool:
+    import ray
+
+    return ray.cluster_resources().get("GPU", 0) > 0
+
+
+def make_placement_group(num_nodes: int, gpus_per_node: int, cpus_per_bundle: float) -> Any:
+    """One bundle per rank: {GPU: 1, CPU: 1} on GPU clusters, {CPU: cpus_per_bundle} otherwise."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    ranks = num_nodes * gpus_per_node
+    bundle = {"GPU": 1, "CPU": 1} if cluster_has_gpus() else {"CPU": cpus_per_bundle}
+    group = placement_group([dict(bundle) for _ in range(ranks)], strategy="PACK")
+    ray.get(group.ready())
+    return group
+
+
+class ModelGroup:
+    """Creates the ranks, initialises their models, and splits batches across them."""
+
+    def __init__(self, role: str, cfg: dict[str, Any], placement_group: Any, world_size: int, num_nodes: int = 1,
+                 share_bundles: float = 1.0) -> None:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.role = role
+        self.placement_group = placement_group
+        gpus = cluster_has_gpus()
+        remote_cls = ray.remote(ModelWorker)
+        self.workers: list[Any] = []
+        master_addr, master_port = "127.0.0.1", 0
+        for rank in range(world_size):
+            strategy = PlacementGroupSchedulingStrategy(placement_group=placement_group,
+                                                        placement_group_bundle_index=rank)
+            resources = {"num_gpus": share_bundles, "num_cpus": 0} if gpus else {"num_cpus": share_bundles * 0.25}
+            worker = remote_cls.options(scheduling_strategy=strategy, **resources, name=None)
+            if rank == 0:
+                node_ip, master_port = ray.get(ray.remote(_rendezvous_address).options(
+                    scheduling_strategy=strategy, num_cpus=0).remote())
+                # One node: rendezvous on loopback; several: on rank 0's node address.
+                master_addr = "127.0.0.1" if num_nodes == 1 else node_ip
+            self.workers.append(worker.remote(role, cfg, rank, world_size, master_addr, master_port))
+
+    def shutdown(self) -> None:
+        """Kill the ranks (their process group goes with them)."""
+        import ray
+
+        for worker in self.workers:
+            ray.kill(worker)
+        self.workers = []
+
+    @property
+    def world_size(self) -> int:
+        return len(self.workers)
+
+    def call(self, method: str, *args, **kwargs) -> list[Any]:
+        """Call `method` on every rank with the same arguments; return every rank's result."""
+        import ray
+
+        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+
+    def map_rows(self, method: str, batch: dict[str, torch.Tensor], *args) -> torch.Tensor:
+        """Split `batch` by rows across ranks (contiguous, balanced), call `method`, concatenate the results.
+
+        Every rank gets at least one row so that FSDP2's collectives line up; with fewer rows than ranks the
+        first row is repeated and its extra results dropped.
+        """
+        import ray
+
+        rows = batch["sequences"].shape[0]
+        parts = split_rows(rows, self.world_size)
+        refs = []
+        for worker, part in zip(self.workers, parts):
+            index = torch.tensor(part or [0], dtype=torch.long)
+            refs.append(getattr(worker, method).remote({k: v[index] for k, v in batch.items()}, *args))
+        outputs = ray.get(refs)
+        return torch.cat([out[:len(part)] for out, part in zip(outputs, parts)])
+
+    def scatter(self, method: str, shards: Sequence[dict[str, torch.Tensor]], *args) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(w, method).remote(s, *args) for w, s in zip(self.workers, shards)])
+
+
+def _rendezvous_address() -> tuple[str, int]:
+    """(node IP, free port) on the node where it runs: rank 0's node."""
+    import ray
+
+    from rlhfkit.engine.distributed import free_port
+
+    return ray.util.get_node_ip_address(), free_port()

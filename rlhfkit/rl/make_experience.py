@@ -1,0 +1,147 @@
+"""Steps 1-3 of an online step: prompts -> rollout engines -> rewards -> (filter) -> log-probs -> advantages.
+
+The driver holds the whole batch, so advantages and their normalisation are global by construction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rlhfkit.algorithms.advantages import compute_advantages_and_returns
+from rlhfkit.algorithms.kl import compute_kl
+from rlhfkit.algorithms.normalize import masked_mean
+from rlhfkit.algorithms.offpolicy import logprob_mismatch
+from rlhfkit.rl.experience import Experience, build_experience
+from rlhfkit.rollout.dispatch import generate_on_engines
+from rlhfkit.rollout.types import RolloutSample, SamplingConfig
+
+
+@dataclass
+class PromptStream:
+    """An endless, seeded stream over the prompt set: prompt k is permutation_{k // N}[k % N].
+
+    Its only state is `cursor` (prompts consumed), which makes resuming exact.
+    """
+
+    samples: list[dict[str, Any]]
+    seed: int
+    cursor: int = 0
+
+    def take(self, count: int) -> list[dict[str, Any]]:
+        n = len(self.samples)
+        out = []
+        for k in range(self.cursor, self.cursor + count):
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 7919 + k // n)).tolist()
+            out.append(self.samples[perm[k % n]])
+        self.cursor += count
+        return out
+
+
+@dataclass
+class Timer:
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, stage: str, began: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - began
+
+
+@dataclass
+class Rollout:
+    prompts: list[dict[str, Any]]
+    samples: list[RolloutSample]
+    rewards: torch.Tensor
+    scores: torch.Tensor
+    texts: list[str]
+    reward_failed: int = 0
+    extra_logs: dict[str, Any] = field(default_factory=dict)
+
+
+def generate_and_score(engines: list[Any], prompts: list[dict[str, Any]], sampling: SamplingConfig,
+                       reward_fn: Callable, tokenizer: Any, timer: Timer, seed_offset: int) -> Rollout:
+    """Generate n responses per prompt and score them. Rows come back prompt-major."""
+    began = time.perf_counter()
+    sampling = sampling.shifted(seed_offset) if sampling.seed is not None else sampling
+    samples = generate_on_engines(engines, [p["prompt_ids"] for p in prompts], sampling)
+    timer.add("generation", began)
+    began = time.perf_counter()
+    texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+    prompt_texts = [prompts[s.prompt_index]["prompt"] for s in samples]
+    labels = [prompts[s.prompt_index].get("label") for s in samples]
+    out = reward_fn([p + t for p, t in zip(prompt_texts, texts)], prompt_texts, labels)
+    timer.add("reward", began)
+    return Rollout(prompts, samples, out.rewards.float(), out.scores.float(), texts, out.failed, out.extra_logs)
+
+
+def keep_groups(scores: torch.Tensor, n: int, low: float, high: float) -> list[int]:
+    """Dynamic filtering: indices of the groups whose mean score lies strictly inside (low, high)."""
+    means = scores.view(-1, n).mean(-1)
+    return [g for g, m in enumerate(means.tolist()) if low < m < high]
+
+
+def select_groups(rollout: Rollout, groups: list[int], n: int) -> Rollout:
+    rows = [g * n + j for g in groups for j in range(n)]
+    index = torch.tensor(rows, dtype=torch.long)
+    prompt_map = {g: i for i, g in enumerate(groups)}
+    samples = []
+    for r in rows:
+        s = rollout.samples[r]
+        samples.append(RolloutSample(prompt_map[s.prompt_index], s.sample_index, s.prompt_ids, s.response_ids,
+                                     s.response_logprobs, s.finish_reason, s.extra))
+    return Rollout([rollout.prompts[g] for g in groups], samples, rollout.rewards[index], rollout.scores[index],
+                   [rollout.texts[r] for r in rows], rollout.reward_failed, rollout.extra_logs)
+
+
+def merge_rollouts(parts: list[Rollout]) -> Rollout:
+    prompts, samples, texts, offset = [], [], [], 0
+    for part in parts:
+        for s in part.samples:
+            samples.append(RolloutSample(s.prompt_index + offset, s.sample_index, s.prompt_ids, s.response_ids,
+                                         s.response_logprobs, s.finish_reason, s.extra))
+        prompts += part.prompts
+        texts += part.texts
+        offset += len(part.prompts)
+    return Rollout(prompts, samples, torch.cat([p.rewards for p in parts]), torch.cat([p.scores for p in parts]),
+                   texts, sum(p.reward_failed for p in parts), parts[0].extra_logs if parts else {})
+
+
+def to_experience(rollout: Rollout, pad_token_id: int) -> Experience:
+    s = rollout.samples
+    exp = build_experience([x.prompt_ids for x in s], [x.response_ids for x in s], [x.response_logprobs for x in s],
+                           [x.prompt_index for x in s], pad_token_id)
+    exp.rewards, exp.scores = rollout.rewards, rollout.scores
+    exp.info["truncated"] = torch.tensor([x.finish_reason == "length" for x in s], dtype=torch.float32)
+    return exp
+
+
+def model_batch(exp: Experience) -> dict[str, torch.Tensor]:
+    return {"sequences": exp.sequences, "attention_mask": exp.attention_mask, "action_mask": exp.action_mask}
+
+
+def fill_log_probs_and_advantages(exp: Experience, cfg: Any, actor: Any, ref: Any | None, critic: Any | None,
+                                  timer: Timer) -> dict[str, float]:
+    """Trainer log-probs, reference log-probs, values, KL, advantages and returns (in place); returns metrics."""
+    began = time.perf_counter()
+    batch = model_batch(exp)
+    exp.old_log_probs = actor.map_rows("log_probs", batch)
+    mask = exp.action_mask
+    if ref is not None:
+        exp.ref_log_probs = ref.map_rows("log_probs", batch)
+        exp.kl = compute_kl(exp.old_log_probs, exp.ref_log_probs, mask, cfg.kl_estimator)
+    if critic is not None:
+        exp.values = critic.map_rows("values", batch)
+    timer.add("log_probs", began)
+    kl_coef = 0.0 if (cfg.use_kl_loss or ref is None) else cfg.init_kl_coef
+    exp.advantages, exp.returns = compute_advantages_and_returns(
+        cfg.advantage_estimator, exp.rewards, mask, n_samples_per_prompt=cfg.n_samples_per_prompt,
+        values=exp.values, kl=exp.kl, kl_coef=kl_coef, gamma=cfg.gamma, lambd=cfg.lambd,
+        reward_clip_range=tuple(cfg.reward_clip_range), std_norm=not cfg.no_advantage_std_norm)
+    metrics = {f"rollout/{k}": float(v) for k, v in
+               logprob_mismatch(exp.old_log_probs, exp.rollout_log_probs, mask).items()}
+    if exp.kl is not None:
+        metrics["rollout/kl"] = float(masked_mean(exp.kl, mask))
+    return metrics

@@ -1,0 +1,207 @@
+"""The online loop (`rlhfkit ppo`): read it top to bottom.
+
+    set-up: Ray -> tokenizer, prompts -> model groups (actor, ref, critic) -> rollout engines -> reward source
+    each step: generate + score (+ dynamic filtering) -> log-probs, KL, advantages -> train critic/actor
+               -> sync weights to the engines -> log metrics and samples -> checkpoint -> eval
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlhfkit.config.parse import ConfigError, config_to_dict
+from rlhfkit.observability.console import print_derived_table, progress_bar
+from rlhfkit.observability.metrics import MetricsLogger
+from rlhfkit.rl.experience import Experience, split_rows
+from rlhfkit.rl.make_experience import (
+    PromptStream,
+    Rollout,
+    Timer,
+    fill_log_probs_and_advantages,
+    generate_and_score,
+    keep_groups,
+    merge_rollouts,
+    select_groups,
+    to_experience,
+)
+from rlhfkit.rl.setup import RLSetup, build_setup, save_final
+from rlhfkit.rollout.types import SamplingConfig
+from rlhfkit.rollout.weight_sync import sync_weights
+
+log = logging.getLogger("rlhfkit")
+MAX_REFILL_ROUNDS = 8
+
+
+def collect_rollout(s: RLSetup, stream: PromptStream, sampling: SamplingConfig, timer: Timer) -> tuple[Rollout, dict]:
+    """rollout_batch_size groups; with --dynamic_filtering, drop all-equal groups and refill (bounded)."""
+    cfg, n = s.cfg, s.cfg.n_samples_per_prompt
+    kept: list[Rollout] = []
+    have, rounds, seen = 0, 0, 0
+    while have < cfg.rollout_batch_size:
+        offset = stream.cursor
+        prompts = stream.take(cfg.rollout_batch_size - have if rounds else cfg.rollout_batch_size)
+        part = generate_and_score(s.engines, prompts, sampling, s.reward_fn, s.tokenizer, timer, offset)
+        seen += len(prompts)
+        if cfg.dynamic_filtering:
+            low, high = cfg.dynamic_filtering_reward_range
+            part = select_groups(part, keep_groups(part.scores, n, low, high), n)
+        kept.append(part)
+        have += len(part.prompts)
+        rounds += 1
+        if not cfg.dynamic_filtering or rounds > MAX_REFILL_ROUNDS:
+            break
+    rollout = merge_rollouts(kept)
+    return rollout, {"filter/kept_groups": len(rollout.prompts), "filter/sampled_groups": seen,
+                     "filter/rounds": rounds}
+
+
+def train_on_experience(s: RLSetup, exp: Experience, step: int) -> dict[str, float]:
+    """PPO epochs over the buffer in global mini-batches of --train_batch_size rows."""
+    cfg = s.cfg
+    rows = exp.batch_size
+    sums: dict[str, float] = {}
+    tokens_seen = 0.0
+    updates = 0
+    for epoch in range(cfg.max_epochs):
+        order = torch.randperm(rows, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 97 + epoch))
+        for start in range(0, rows, cfg.train_batch_size):
+            mini = exp.select(order[start:start + cfg.train_batch_size])
+            num_tokens = float(mini.action_mask.sum().clamp(min=1))
+            tensors = mini.tensors()
+            if s.critic is not None:
+                _add(sums, s.critic.scatter("train_critic_step", _shards(tensors, s.critic.world_size), num_tokens))
+            if step > cfg.freezing_actor_steps:
+                _add(sums, s.actor.scatter("train_policy_step", _shards(tensors, s.actor.world_size), num_tokens))
+            tokens_seen += num_tokens
+            updates += 1
+    out = {}
+    for key, value in sums.items():
+        if key.endswith(("_max", "_min")):
+            out[f"train/{key}"] = value
+        elif key in ("grad_norm", "lr", "critic_grad_norm", "critic_lr"):
+            out[f"train/{key}"] = value / max(1, updates * (s.critic.world_size if "critic" in key and s.critic
+                                                             else s.actor.world_size))
+        else:
+            out[f"train/{key}"] = value / tokens_seen
+    return out
+
+
+def _shards(tensors: dict[str, torch.Tensor], world: int) -> list[dict[str, torch.Tensor]]:
+    parts = split_rows(next(iter(tensors.values())).shape[0], world)
+    if any(not p for p in parts):
+        raise ConfigError(f"a mini-batch has fewer rows than the {world} trainer ranks: raise --train_batch_size")
+    return [{k: v[torch.tensor(p)] for k, v in tensors.items()} for p in parts]
+
+
+def _add(sums: dict[str, float], results: list[dict[str, float]]) -> None:
+    for result in results:
+        for key, value in result.items():
+            if key.endswith("_max"):
+                sums[key] = max(sums.get(key, float("-inf")), value)
+            elif key.endswith("_min"):
+                sums[key] = min(sums.get(key, float("inf")), value)
+            else:
+                sums[key] = sums.get(key, 0.0) + value
+
+
+def sync_engines(s: RLSetup, timer: Timer) -> dict[str, float]:
+    began = time.perf_counter()
+    state = next(sd for sd in s.actor.call("state_dict_for_sync") if sd is not None)
+    stats = sync_weights(s.engines, state.items(), bucket_bytes=s.cfg.weight_sync_bucket_mb << 20)
+    timer.add("weight_sync", began)
+    return {"sync/bytes": stats.bytes, "sync/buckets": stats.buckets}
+
+
+def rollout_metrics(rollout: Rollout, exp: Experience) -> dict[str, float]:
+    lengths = exp.response_length.float()
+    metrics = {"rollout/reward_mean": float(rollout.rewards.mean()), "rollout/reward_std": float(rollout.rewards.std())
+               if len(rollout.rewards) > 1 else 0.0, "rollout/score_mean": float(rollout.scores.mean()),
+               "rollout/response_length_mean": float(lengths.mean()), "rollout/response_length_max": float(lengths.max()),
+               "rollout/truncated_frac": float(exp.info["truncated"].mean()),
+               "rollout/reward_failed": float(rollout.reward_failed)}
+    for key, value in rollout.extra_logs.items():
+        if isinstance(value, torch.Tensor) and value.numel() and value.dtype.is_floating_point:
+            metrics[f"reward/{key}"] = float(value.float().mean())
+    return metrics
+
+
+def pass_at_k(correct: int, n: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 - C(n - c, k) / C(n, k)."""
+    if n - correct < k:
+        return 1.0
+    return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
+
+
+def evaluate(s: RLSetup, step: int) -> dict[str, float]:
+    """Held-out prompts at --eval_temperature, --eval_n_samples_per_prompt each; a sample is correct if score > 0."""
+    cfg, n = s.cfg, s.cfg.eval_n_samples_per_prompt
+    sampling = SamplingConfig(temperature=cfg.eval_temperature, top_p=1.0, max_new_tokens=cfg.generate_max_len, n=n,
+                              seed=cfg.seed + 99991, stop_token_ids=tuple(s.stop_ids))
+    rollout = generate_and_score(s.engines, s.eval_prompts, sampling, s.reward_fn, s.tokenizer, Timer(), 0)
+    correct = (rollout.scores.view(-1, n) > 0).sum(-1).tolist()
+    out = {"eval/reward_mean": float(rollout.rewards.mean()), "eval/score_mean": float(rollout.scores.mean())}
+    for k in sorted({1, n}):
+        out[f"eval/pass@{k}"] = sum(pass_at_k(c, n, k) for c in correct) / len(correct)
+    _write_samples(s, step, rollout, "eval")
+    return out
+
+
+def _write_samples(s: RLSetup, step: int, rollout: Rollout, kind: str, limit: int = 4) -> None:
+    with (Path(s.cfg.run_dir) / "samples.jsonl").open("a") as f:
+        for i in range(min(limit, len(rollout.samples))):
+            prompt = rollout.prompts[rollout.samples[i].prompt_index]
+            f.write(json.dumps({"step": step, "kind": kind, "prompt": prompt["prompt"], "response": rollout.texts[i],
+                                "reward": float(rollout.rewards[i]), "label": prompt.get("label")}) + "\n")
+
+
+def train_ppo(cfg: Any, engines: list[Any] | None = None) -> dict[str, float]:
+    s = build_setup(cfg, engines)
+    try:
+        return _loop(s)
+    finally:
+        s.close()
+
+
+def _loop(s: RLSetup) -> dict[str, float]:
+    cfg = s.cfg
+    stream = PromptStream(s.prompts, cfg.seed, s.start_cursor)
+    sampling = SamplingConfig.from_args(cfg, stop_token_ids=s.stop_ids)
+    print_derived_table("rlhfkit ppo", {**s.summary, "run dir": cfg.run_dir})
+    metrics_log = MetricsLogger(cfg.run_dir, cfg)
+    bar = progress_bar(s.total_steps, s.start_step, True, "ppo")
+    last: dict[str, float] = {}
+    if s.eval_prompts and s.start_step == 0:
+        metrics_log.log(0, evaluate(s, 0))
+    for step in range(s.start_step + 1, s.total_steps + 1):
+        timer, began = Timer(), time.perf_counter()
+        rollout, filter_metrics = collect_rollout(s, stream, sampling, timer)
+        _write_samples(s, step, rollout, "train")
+        exp = to_experience(rollout, s.tokenizer.pad_token_id)
+        metrics = {**filter_metrics, **rollout_metrics(rollout, exp)}
+        metrics.update(fill_log_probs_and_advantages(exp, cfg, s.actor, s.ref, s.critic, timer))
+        t_train = time.perf_counter()
+        metrics.update(train_on_experience(s, exp, step))
+        timer.add("training", t_train)
+        metrics.update(sync_engines(s, timer))
+        metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
+        metrics["time/step"] = time.perf_counter() - began
+        if cfg.save_steps > 0 and step % cfg.save_steps == 0:
+            s.save_checkpoint(step, stream.cursor)
+        if s.eval_prompts and ((cfg.eval_steps > 0 and step % cfg.eval_steps == 0) or step == s.total_steps):
+            metrics.update(evaluate(s, step))
+        metrics_log.log(step, metrics)
+        last = metrics
+        bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", gen_s=f"{timer.seconds['generation']:.1f}")
+        bar.update(1)
+    bar.close()
+    save_final(s)
+    metrics_log.close()
+    (Path(cfg.run_dir) / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2, default=str))
+    return last

@@ -1,0 +1,197 @@
+"""One rank of a model group (actor, reference, critic): a Ray actor that joins its group's process group
+with the same env vars torchrun sets, so the FSDP2 engine code is the one the offline trainers use.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from rlhfkit.algorithms.entropy import entropy_from_logits
+from rlhfkit.algorithms.kl import kl_loss
+from rlhfkit.algorithms.offpolicy import importance_weights
+from rlhfkit.algorithms.policy_loss import ppo_policy_loss
+from rlhfkit.algorithms.value_loss import value_loss
+from rlhfkit.engine.checkpoint import full_state_dict, load_checkpoint, save_checkpoint, save_hf_folder
+from rlhfkit.engine.distributed import init_distributed
+from rlhfkit.engine.fsdp import shard_model
+from rlhfkit.engine.train_engine import TrainEngine
+from rlhfkit.models.logprobs import log_probs_from_logits
+from rlhfkit.rl.experience import position_ids
+
+
+def micro_batches(batch: dict[str, torch.Tensor], size: int, max_tokens: int | None = None) -> list[dict]:
+    """Cut a batch into micro-batches: `size` rows each, or (dynamic batch) rows up to `max_tokens` real tokens."""
+    rows = batch["sequences"].shape[0]
+    if max_tokens is None:
+        bounds = [(i, min(rows, i + size)) for i in range(0, rows, size)]
+    else:
+        lengths = batch["attention_mask"].sum(-1).tolist()
+        bounds, start, used = [], 0, 0
+        for i, n in enumerate(lengths):
+            if i > start and used + n > max_tokens:
+                bounds.append((start, i))
+                start, used = i, 0
+            used += n
+        bounds.append((start, rows))
+    return [{k: v[a:b] for k, v in batch.items()} for a, b in bounds]
+
+
+class ModelWorker:
+    """A rank of a model group. `role` is 'actor', 'ref' or 'critic'."""
+
+    def __init__(self, role: str, cfg: dict[str, Any], rank: int, world_size: int, master_addr: str,
+                 master_port: int) -> None:
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0" if not torch.cuda.is_available()
+                          else os.environ.get("LOCAL_RANK", "0"), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        threads = cfg.get("torch_threads_per_worker")
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.role = role
+        self.cfg = SimpleNamespace(**cfg)
+        self.dist = init_distributed()
+        self.engine: TrainEngine | None = None
+        self.model = None
+        torch.manual_seed(self.cfg.seed + rank)
+
+    # ----------------------------------------------------------------- set-up
+    def init_model(self, pretrain: str, trainable: bool, total_steps: int = 1, learning_rate: float = 0.0,
+                   scalar_head: bool = False) -> int:
+        from rlhfkit.models.loading import load_causal_lm, load_scalar_model
+
+        model = (load_scalar_model(pretrain, init_from_causal=True) if scalar_head
+                 else load_causal_lm(pretrain, attn_implementation=self.cfg.attn_implementation))
+        if trainable:
+            self.engine = TrainEngine(model, self.cfg, self.dist, total_steps, learning_rate)
+            self.model = self.engine.model
+        else:
+            model.requires_grad_(False)
+            self.model = shard_model(model, zero_stage=3, device=self.dist.device, param_dtype=self.cfg.param_dtype)
+            self.model.eval()
+        return sum(p.numel() for p in model.parameters())
+
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.dist.device) for k, v in batch.items()}
+
+    # ----------------------------------------------------------------- forward passes
+    def _action_log_probs(self, mb: dict[str, torch.Tensor], with_entropy: bool = False):
+        seq, mask = mb["sequences"], mb["attention_mask"]
+        width = mb["action_mask"].shape[1]
+        logits = self.model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask)).logits
+        logits = logits[:, -width - 1:-1].float() / self.cfg.temperature
+        log_probs = log_probs_from_logits(logits, seq[:, -width:])
+        entropy = entropy_from_logits(logits.detach()) if with_entropy else None
+        return log_probs, entropy
+
+    @torch.no_grad()
+    def log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per-token log-probs of the response tokens, [B, R] (sampling temperature applied to the logits)."""
+        self.model.eval()
+        out = [self._action_log_probs(self._to_device(mb))[0].cpu()
+               for mb in micro_batches(batch, self.cfg.micro_rollout_batch_size)]
+        return torch.cat(out)
+
+    def _values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        from rlhfkit.models.loading import scalar_outputs
+
+        width = mb["action_mask"].shape[1]
+        _, token_values = scalar_outputs(self.model, mb["sequences"], mb["attention_mask"])
+        # The value of the state before response token t is read at the position that predicts it.
+        return token_values[:, -width - 1:-1].float()
+
+    @torch.no_grad()
+    def values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.model.eval()
+        out = [self._values(self._to_device(mb)).cpu() for mb in micro_batches(batch, self.cfg.micro_rollout_batch_size)]
+        return torch.cat(out)
+
+    # ----------------------------------------------------------------- training
+    def train_policy_step(self, shard: dict[str, torch.Tensor], num_tokens: float) -> dict[str, float]:
+        """One optimizer step of the PPO-family policy loss over this rank's share of a global mini-batch.
+
+        loss = policy_loss (token mean over the whole global mini-batch: num_tokens is its token count)
+               + init_kl_coef * kl_loss (with --use_kl_loss) - entropy_loss_coef * entropy.
+        FSDP2 averages gradients over ranks, so each rank's loss is scaled by the world size.
+        """
+        cfg, world = self.cfg, self.dist.world_size
+        self.model.train()
+        sums: dict[str, float] = {}
+        budget = cfg.train_max_tokens_per_gpu if cfg.use_dynamic_batch else None
+        for mb in micro_batches(shard, cfg.micro_train_batch_size, budget):
+            mb = self._to_device(mb)
+            mask = mb["action_mask"]
+            log_probs, entropy = self._action_log_probs(mb, with_entropy=True)
+            weights = None
+            if cfg.enable_vllm_is_correction:
+                low, high = cfg.vllm_is_truncated_threshold
+                weights, is_metrics = importance_weights(mb["old_log_probs"], mb["rollout_log_probs"], mask,
+                                                         correction_type=cfg.vllm_is_correction_type, low=low,
+                                                         high=high)
+                _accumulate(sums, is_metrics, mask)
+            loss, metrics = ppo_policy_loss(log_probs, mb["old_log_probs"], mb["advantages"], mask,
+                                            eps_clip=cfg.eps_clip, eps_clip_low_high=cfg.eps_clip_low_high,
+                                            dual_clip=cfg.dual_clip, is_weights=weights, num_tokens=num_tokens)
+            if cfg.use_kl_loss:
+                kl_term = kl_loss(log_probs, mb["ref_log_probs"], mask, cfg.kl_estimator, num_tokens=num_tokens)
+                loss = loss + cfg.init_kl_coef * kl_term
+                sums["kl_loss"] = sums.get("kl_loss", 0.0) + float(kl_term) * num_tokens
+            ent = (entropy * mask).sum() / num_tokens
+            if cfg.entropy_loss_coef:
+                loss = loss - cfg.entropy_loss_coef * (entropy * mask).sum() / num_tokens
+            (loss * world).backward()
+            sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(loss) * num_tokens
+            sums["entropy"] = sums.get("entropy", 0.0) + float(ent) * num_tokens
+            _accumulate(sums, metrics, mask)
+        sums["grad_norm"] = self.engine.optimizer_step()
+        sums["lr"] = self.engine.lr
+        return sums
+
+    def train_critic_step(self, shard: dict[str, torch.Tensor], num_tokens: float) -> dict[str, float]:
+        """One optimizer step of the clipped value loss (token mean over the global mini-batch)."""
+        cfg, world = self.cfg, self.dist.world_size
+        self.model.train()
+        sums: dict[str, float] = {}
+        for mb in micro_batches(shard, cfg.micro_train_batch_size):
+            mb = self._to_device(mb)
+            values = self._values(mb)
+            loss, metrics = value_loss(values, mb["values"], mb["returns"], mb["action_mask"],
+                                       value_clip=cfg.value_clip, num_tokens=num_tokens)
+            (loss * world).backward()
+            sums["critic_loss"] = sums.get("critic_loss", 0.0) + float(loss) * num_tokens
+            _accumulate(sums, metrics, mb["action_mask"])
+        sums["critic_grad_norm"] = self.engine.optimizer_step()
+        sums["critic_lr"] = self.engine.lr
+        return sums
+
+    # ----------------------------------------------------------------- weights and checkpoints
+    def state_dict_for_sync(self) -> dict[str, torch.Tensor] | None:
+        """Full (unsharded) weights; collective, rank 0 returns them, other ranks None."""
+        state = full_state_dict(self.model)
+        return state if self.dist.rank == 0 else None
+
+    def save_checkpoint(self, path: str, step: int, trainer_state: dict[str, Any], max_keep: int) -> str:
+        return str(save_checkpoint(path, step, self.model, self.engine.optimizer, self.engine.scheduler,
+                                   trainer_state, max_keep))
+
+    def load_checkpoint(self, path: str) -> dict[str, Any] | None:
+        return load_checkpoint(path, self.model, self.engine.optimizer, self.engine.scheduler)
+
+    def save_hf(self, out_dir: str, tokenizer_spec: str, extra_config: dict[str, Any] | None = None) -> None:
+        from rlhfkit.models.loading import load_tokenizer
+
+        save_hf_folder(self.model, load_tokenizer(tokenizer_spec), out_dir, extra_config)
+
+
+def _accumulate(sums: dict[str, float], metrics: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+    """Token-weighted sums of per-micro-batch means (the driver divides by the global token count)."""
+    tokens = float(mask.sum())
+    for key, value in metrics.items():
+        if key.endswith("_max"):
+            sums[key] = max(sums.get(key, float("-inf")), float(value))
+        elif key.endswith("_min"):
+            sums[key] = min(sums.get(key, float("inf")), float(value))
+        else:
+            sums[key] = sums.get(key, 0.0) + float(value) * tokens
