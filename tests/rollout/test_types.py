@@ -62,3 +62,14 @@ def test_named_weights_skip_tied_duplicates():
     model = torch.nn.ModuleDict({"embed": emb, "head": torch.nn.Linear(2, 4, bias=False)})
     model["head"].weight = emb.weight
     assert [n for n, _ in named_weights_for_sync(model)] == ["embed.weight"]
+
+
+def test_engine_options_from_flags():
+    from rlhfkit.rollout.vllm_engine import engine_options_from_args
+
+    args = SimpleNamespace(vllm_tensor_parallel_size=1, vllm_gpu_memory_utilization=0.9, vllm_kv_cache_mb=128,
+                           enforce_eager=True, enable_prefix_caching=False, prompt_max_len=100, generate_max_len=28,
+                           param_dtype="fp32", seed=3)
+    opts = engine_options_from_args(args)
+    assert opts["cpu_kv_cache_bytes"] == 128 * 2**20 and opts["max_model_len"] == 128
+    assert opts["dtype"] == "float32" and opts["seed"] == 3
