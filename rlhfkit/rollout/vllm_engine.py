@@ -128,7 +128,9 @@ def _sampling_params(sampling: SamplingConfig, seed: int | None) -> Any:
 def _to_sample(prompt_index: int, sample_index: int, prompt: list[int], completion: Any) -> RolloutSample:
     token_ids = list(completion.token_ids)
     logprobs = [step[tok].logprob for tok, step in zip(token_ids, completion.logprobs)]
-    reason: FinishReason = "length" if completion.finish_reason == "length" else "stop"
+    reason: FinishReason = completion.finish_reason
+    if reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM finished prompt {prompt_index} sample {sample_index} with {reason!r}")
     return RolloutSample(prompt_index, sample_index, list(prompt), token_ids, logprobs, reason)
 
 
