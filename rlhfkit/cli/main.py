@@ -12,6 +12,7 @@ COMMANDS = {
     "sft": "supervised fine-tuning",
     "ppo": "online RL on Ray + vLLM: PPO, REINFORCE++, GRPO, Dr. GRPO, RLOO",
     "serve-rm": "serve a reward model or reward function over HTTP",
+    "report": "write RUN_DIR/report.html: plots, samples and the reproduce command of a run",
 }
 
 
