@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -14,7 +15,7 @@ os.environ.setdefault("WANDB_MODE", "offline")
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
-    """A tiny Llama-family causal LM (2 layers, hidden 64, head_dim 32) with SmolLM2's real tokenizer and chat template."""
+    """A tiny Llama-family causal LM (2 layers, hidden 64, head_dim 32) with SmolLM2's tokenizer and template."""
     from rlhfkit.models.tiny import build_tiny_causal_lm
 
     return build_tiny_causal_lm(str(tmp_path_factory.mktemp("tiny_lm")))
@@ -41,7 +42,45 @@ def ray_cluster():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}})
+        from rlhfkit.rl.setup import WORKER_ENV
+
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
+                 runtime_env={"env_vars": WORKER_ENV})
     yield ray
     ray.shutdown()
+
+
+ROLLOUT_MAX_MODEL_LEN = 512
+ROLLOUT_KV_CACHE_BYTES = 64 * 2**20  # the tiny model needs 1 KiB of KV per token: ~64k tokens
+
+
+@pytest.fixture(scope="session")
+def rollout_vllm_engine(ray_cluster, tiny_model_dir):
+    """A `VLLMEngine` Ray actor on the tiny fp32 model (prefix caching on, eager, seed 0)."""
+    from rlhfkit.rollout.vllm_engine import create_vllm_engines
+
+    start = time.perf_counter()
+    [engine] = create_vllm_engines(
+        1,
+        tiny_model_dir,
+        enforce_eager=True,
+        enable_prefix_caching=True,
+        max_model_len=ROLLOUT_MAX_MODEL_LEN,
+        cpu_kv_cache_bytes=ROLLOUT_KV_CACHE_BYTES,
+        dtype="float32",
+        seed=0,
+        num_cpus_per_engine=0.5,
+    )
+    print(f"\n[rollout] vLLM engine actor ready in {time.perf_counter() - start:.1f} s")
+    yield engine
+    ray_cluster.kill(engine)
+
+
+@pytest.fixture(scope="session")
+def rollout_hf_engine(ray_cluster, tiny_model_dir):
+    """An `HFEngine` Ray actor on the tiny fp32 model (the `--rollout_backend hf` fallback)."""
+    from rlhfkit.rollout.hf_engine import create_hf_engines
+
+    [engine] = create_hf_engines(1, tiny_model_dir, dtype="float32", num_cpus_per_engine=0.5)
+    yield engine
+    ray_cluster.kill(engine)

@@ -24,7 +24,7 @@ REJECTED_FLAGS: dict[str, str] = {
     "use_ds_universal_ckpt": "rlhfkit checkpoints are torch.distributed.checkpoint folders, already reshardable",
     "local_rank": "torchrun and Ray set LOCAL_RANK in the environment; drop the flag",
     "deepcompile": "DeepSpeed's compiler is not used; drop the flag",
-    "disable_ds_ckpt": "there is no DeepSpeed checkpoint to disable; use --save_steps -1 to skip full-state checkpoints",
+    "disable_ds_ckpt": "there is no DeepSpeed checkpoint; use --save_steps -1 to skip full-state checkpoints",
     "ds_tensor_parallel_size": "DeepSpeed tensor parallelism is not supported; use data parallelism (FSDP2)",
     "use_ms": "ModelScope downloads are not supported; pass a local folder or a hub name",
     "use_liger_kernel": "Liger kernels are not integrated; drop the flag",
@@ -117,7 +117,7 @@ def _load_yaml(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
         name = str(key).lstrip("-").replace("-", "_")
         _reject_if_deepspeed(name, source=f"--config {path}")
         if name not in known:
-            raise ConfigError(f"--config {path}: unknown key '{key}'. Run with --help for the flags this command takes.")
+            raise ConfigError(f"--config {path}: unknown key '{key}'; run with --help for the flags it takes.")
         out[name] = value
     return out
 

@@ -121,9 +121,12 @@ def sync_engines(s: RLSetup, timer: Timer) -> dict[str, float]:
 
 def rollout_metrics(rollout: Rollout, exp: Experience) -> dict[str, float]:
     lengths = exp.response_length.float()
-    metrics = {"rollout/reward_mean": float(rollout.rewards.mean()), "rollout/reward_std": float(rollout.rewards.std())
-               if len(rollout.rewards) > 1 else 0.0, "rollout/score_mean": float(rollout.scores.mean()),
-               "rollout/response_length_mean": float(lengths.mean()), "rollout/response_length_max": float(lengths.max()),
+    rewards = rollout.rewards
+    metrics = {"rollout/reward_mean": float(rewards.mean()),
+               "rollout/reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+               "rollout/score_mean": float(rollout.scores.mean()),
+               "rollout/response_length_mean": float(lengths.mean()),
+               "rollout/response_length_max": float(lengths.max()),
                "rollout/truncated_frac": float(exp.info["truncated"].mean()),
                "rollout/reward_failed": float(rollout.reward_failed)}
     for key, value in rollout.extra_logs.items():

@@ -146,14 +146,9 @@ def _engines(cfg: Any, path: str) -> list[Any]:
         from rlhfkit.rollout.hf_engine import create_hf_engines
 
         return create_hf_engines(cfg.vllm_num_engines, path)
-    from rlhfkit.rollout.vllm_engine import create_vllm_engines
+    from rlhfkit.rollout.vllm_engine import create_vllm_engines, engine_options_from_args
 
-    return create_vllm_engines(cfg.vllm_num_engines, path, tensor_parallel_size=cfg.vllm_tensor_parallel_size,
-                               gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-                               kv_cache_memory_bytes=cfg.vllm_kv_cache_mb << 20, enforce_eager=cfg.enforce_eager,
-                               enable_prefix_caching=cfg.enable_prefix_caching,
-                               max_model_len=cfg.prompt_max_len + cfg.generate_max_len, dtype="float32",
-                               seed=cfg.seed)
+    return create_vllm_engines(cfg.vllm_num_engines, path, **engine_options_from_args(cfg))
 
 
 def reward_source(cfg: Any) -> Any:

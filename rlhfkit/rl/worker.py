@@ -105,7 +105,8 @@ class ModelWorker:
     @torch.no_grad()
     def values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         self.model.eval()
-        out = [self._values(self._to_device(mb)).cpu() for mb in micro_batches(batch, self.cfg.micro_rollout_batch_size)]
+        chunks = micro_batches(batch, self.cfg.micro_rollout_batch_size)
+        out = [self._values(self._to_device(mb)).cpu() for mb in chunks]
         return torch.cat(out)
 
     # ----------------------------------------------------------------- training
@@ -137,12 +138,12 @@ class ModelWorker:
             if cfg.use_kl_loss:
                 kl_term = kl_loss(log_probs, mb["ref_log_probs"], mask, cfg.kl_estimator, num_tokens=num_tokens)
                 loss = loss + cfg.init_kl_coef * kl_term
-                sums["kl_loss"] = sums.get("kl_loss", 0.0) + float(kl_term) * num_tokens
+                sums["kl_loss"] = sums.get("kl_loss", 0.0) + float(kl_term.detach()) * num_tokens
             ent = (entropy * mask).sum() / num_tokens
             if cfg.entropy_loss_coef:
                 loss = loss - cfg.entropy_loss_coef * (entropy * mask).sum() / num_tokens
             (loss * world).backward()
-            sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(loss) * num_tokens
+            sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(loss.detach()) * num_tokens
             sums["entropy"] = sums.get("entropy", 0.0) + float(ent) * num_tokens
             _accumulate(sums, metrics, mask)
         sums["grad_norm"] = self.engine.optimizer_step()
@@ -160,7 +161,7 @@ class ModelWorker:
             loss, metrics = value_loss(values, mb["values"], mb["returns"], mb["action_mask"],
                                        value_clip=cfg.value_clip, num_tokens=num_tokens)
             (loss * world).backward()
-            sums["critic_loss"] = sums.get("critic_loss", 0.0) + float(loss) * num_tokens
+            sums["critic_loss"] = sums.get("critic_loss", 0.0) + float(loss.detach()) * num_tokens
             _accumulate(sums, metrics, mb["action_mask"])
         sums["critic_grad_norm"] = self.engine.optimizer_step()
         sums["critic_lr"] = self.engine.lr

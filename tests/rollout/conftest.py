@@ -1,50 +1,10 @@
-"""Rollout fixtures: ONE vLLM engine actor (and one HF engine actor) for the whole test session.
-
-Self-contained so they can move verbatim into `tests/conftest.py` for the RL tests to reuse. Tests that change
-an engine's weights must put the original weights back before they finish (see `restore_engine_weights`).
-"""
+"""Rollout test helpers; the engine fixtures (`rollout_vllm_engine`, `rollout_hf_engine`) live in tests/conftest.py
+so the RL tests share the same single engine. Tests that change an engine's weights must put the original weights
+back before they finish."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
-
-ROLLOUT_MAX_MODEL_LEN = 512
-ROLLOUT_KV_CACHE_BYTES = 64 * 2**20  # the tiny model needs 1 KiB of KV per token: ~64k tokens
-
-
-@pytest.fixture(scope="session")
-def rollout_vllm_engine(ray_cluster, tiny_model_dir):
-    """A `VLLMEngine` Ray actor on the tiny fp32 model (prefix caching on, eager, seed 0)."""
-    from rlhfkit.rollout.vllm_engine import create_vllm_engines
-
-    start = time.perf_counter()
-    [engine] = create_vllm_engines(
-        1,
-        tiny_model_dir,
-        enforce_eager=True,
-        enable_prefix_caching=True,
-        max_model_len=ROLLOUT_MAX_MODEL_LEN,
-        cpu_kv_cache_bytes=ROLLOUT_KV_CACHE_BYTES,
-        dtype="float32",
-        seed=0,
-        num_cpus_per_engine=0.5,
-    )
-    print(f"\n[rollout] vLLM engine actor ready in {time.perf_counter() - start:.1f} s")
-    yield engine
-    ray_cluster.kill(engine)
-
-
-@pytest.fixture(scope="session")
-def rollout_hf_engine(ray_cluster, tiny_model_dir):
-    """An `HFEngine` Ray actor on the tiny fp32 model (the `--rollout_backend hf` fallback)."""
-    from rlhfkit.rollout.hf_engine import create_hf_engines
-
-    [engine] = create_hf_engines(1, tiny_model_dir, dtype="float32", num_cpus_per_engine=0.5)
-    yield engine
-    ray_cluster.kill(engine)
-
 
 QUESTIONS = ["What is 2 + 2?", "Name a colour.", "Say hello.", "Count to three.", "Why is the sky blue?"]
 
