@@ -40,6 +40,9 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rlhfkit tests benchmarks examples
 
+docs: $(STAMP)
+	$(PY) -m rlhfkit.config.docs
+
 bench: $(STAMP)
 	$(PY) benchmarks/sft.py
 
