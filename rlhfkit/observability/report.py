@@ -11,7 +11,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from html import escape
@@ -206,6 +205,13 @@ class Figure:
     metrics: list[str]
     band_of: dict[str, str] = field(default_factory=dict)  # mean metric -> its std metric (drawn as +-std)
 
+    def title(self) -> str:
+        if self.key == "time":
+            return "time per stage (seconds)"
+        if len(self.metrics) == 1:
+            return self.metrics[0]
+        return f"{self.key} ({', '.join(m[len(self.key) + 1:] for m in self.metrics)})"
+
 
 def group_figures(section_key: str, metrics: list[str]) -> list[Figure]:
     """One figure per stem (x_mean, x_max, x_std share one); all time/* share one figure."""
@@ -346,7 +352,7 @@ def _figure(metrics: RunMetrics, fig: Figure, section: str, y_label: str) -> str
             std = metrics.series[fig.band_of[name]]
             band = [(x, y - std[x], y + std[x]) for x, y in points if x in std]
         series.append(Series(name, points, band=band, dashed=name == "time/step"))
-    title = "time per stage (seconds)" if section == "time" else fig.key
+    title = fig.title()
     svg = line_plot(series, title=title, x_label="step", y_label=_leaf(fig.key) if section == "other" else y_label)
     legend = ""
     if len(series) > 1 or fig.band_of:
@@ -523,12 +529,11 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
     html_text = render_report(run_dir)
     target = Path(output) if output is not None else Path(run_dir) / REPORT_NAME
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=target.parent)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(html_text)
+        tmp.write_text(html_text, encoding="utf-8")
         os.replace(tmp, target)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return target
