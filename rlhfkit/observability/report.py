@@ -107,7 +107,7 @@ def read_metrics(path: Path) -> RunMetrics:
 
 def read_json(path: Path, notes: list[str]) -> dict[str, Any] | None:
     if not path.is_file():
-        notes.append(f"no {path.name} in the run folder.")
+        notes.append(f"no {path.name} in the run folder: the command, versions and hardware are unknown.")
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
@@ -279,9 +279,9 @@ def _kv_table(rows: list[tuple[str, str]], table_id: str) -> str:
     return f'<table class="kv" id="{table_id}">{body}</table>'
 
 
-def _header(run_dir: Path, manifest: dict[str, Any] | None) -> str:
+def _header(manifest: dict[str, Any] | None) -> str:
     if manifest is None:
-        return _note("manifest.json is missing or unreadable: the command, versions and hardware are unknown.")
+        return ""  # read_json already noted why
     rows: list[tuple[str, str]] = []
     if manifest.get("command"):
         rows.append(("command", f"<code>{_e(manifest['command'])}</code>"))
@@ -392,25 +392,26 @@ def _plots(metrics: RunMetrics) -> tuple[str, list[tuple[str, str]]]:
         by_section.setdefault(section_of(name), []).append(name)
     titles = {s.key: s for s in SECTIONS}
     others = sorted(k for k in by_section if k.startswith("other:"))
-    out, nav = [], []
+    out, nav, absent = [], [], []
     for key in [*PAGE_ORDER, *others]:
+        names = by_section.get(key, [])
         if key.startswith("other:"):
             title, y_label, sect = f"Other metrics: {key.split(':', 1)[1]}", "value", "other"
         else:
             title, y_label, sect = titles[key].title, titles[key].y_label, key
+        if not names:
+            absent.append(f"{title}: {EXPECTED.get(key, key)}")
+            continue
         anchor = f"sec-{_slug(key)}"
         nav.append((anchor, title))
         out.append(f'<section id="{anchor}" data-section="{_e(key)}"><h2>{_e(title)}</h2>')
-        names = by_section.get(key, [])
-        if not names:
-            out.append(_note(f"not logged in this run (expected: {EXPECTED.get(key, key)}); plot skipped."))
-            out.append("</section>")
-            continue
         if key == "time":
             out.append(_time_table(metrics, group_figures("time", names)[0].metrics))
         out.append('<div class="figures">')
         out += [_figure(metrics, fig, sect, y_label) for fig in group_figures(key, names)]
         out.append("</div></section>")
+    if absent:
+        out.insert(0, _note("not logged in this run, plots skipped: " + "; ".join(absent) + "."))
     return "".join(out), nav
 
 
@@ -512,7 +513,7 @@ def render_report(run_dir: str | Path) -> str:
         f"<title>{_e(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
         f"<p>{_e(span)}, {metrics.rows} rows in metrics.jsonl, {len(metrics.series)} metrics.</p>",
-        _header(run_dir, manifest),
+        _header(manifest),
         "".join(_note(n) for n in notes),
         f"<nav>{links}</nav>",
         plots,
