@@ -9,6 +9,7 @@ from rlhfkit.config.parse import ConfigError
 from rlhfkit.data.errors import DataError
 
 COMMANDS = {
+    "demo": "GRPO on the embedded SmolLM2-135M-Instruct (what `make demo` runs)",
     "sft": "supervised fine-tuning",
     "ppo": "online RL on Ray + vLLM: PPO, REINFORCE++, GRPO, Dr. GRPO, RLOO",
     "serve-rm": "serve a reward model or reward function over HTTP",

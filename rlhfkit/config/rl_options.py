@@ -36,6 +36,9 @@ class RolloutOptions:
     vllm_gpu_memory_utilization: float = opt(0.9, "GPU memory fraction for vLLM (on CPU: see "
                                                   "--vllm_kv_cache_mb)")
     vllm_kv_cache_mb: int = opt(256, "CPU only: host RAM for each engine's KV cache, in MiB")
+    vllm_dtype: str = opt("auto", "engine dtype; auto = the trainer's (--param_dtype). On CPU, bf16 generates about "
+                                  "2x faster than fp32; pair it with --enable_vllm_is_correction",
+                          choices=["auto", "bf16", "fp16", "fp32"])
     vllm_sync_backend: str = opt("ray", "weight transport to the engines (ray object store)", choices=["ray", "nccl"])
     vllm_enable_sleep: bool = opt(False, "put colocated engines to sleep while training (CUDA only)")
     enforce_eager: bool = opt(False, "disable CUDA graphs in vLLM")

@@ -148,7 +148,10 @@ def _engines(cfg: Any, path: str) -> list[Any]:
         return create_hf_engines(cfg.vllm_num_engines, path)
     from rlhfkit.rollout.vllm_engine import create_vllm_engines, engine_options_from_args
 
-    return create_vllm_engines(cfg.vllm_num_engines, path, **engine_options_from_args(cfg))
+    options = engine_options_from_args(cfg)
+    if cfg.vllm_dtype != "auto":
+        options["dtype"] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[cfg.vllm_dtype]
+    return create_vllm_engines(cfg.vllm_num_engines, path, **options)
 
 
 def reward_source(cfg: Any) -> Any:

@@ -109,3 +109,15 @@ def test_max_ckpt_num_keeps_the_newest(tiny_model_dir, echo_data, tmp_path):
                        max_ckpt_num=2))
     kept = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert kept == ["global_step6", "global_step8"]
+
+
+def test_tensorboard_wandb_offline_and_the_derived_table(tiny_model_dir, echo_data, tmp_path, capsys):
+    train, _ = echo_data
+    sft_main(base_args(tiny_model_dir, train, tmp_path, max_samples=16, use_tensorboard=str(tmp_path / "tb"),
+                       use_wandb="offline"))
+    events = list((tmp_path / "tb").rglob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    err = capsys.readouterr().err
+    for row in ("accumulation steps", "total steps", "tokens per step", "world size"):
+        assert row in err
