@@ -9,13 +9,17 @@ from rlhfkit.config.parse import parse_config
 from rlhfkit.config.rl_options import RL_GROUPS
 
 DESCRIPTION = "Online RL on Ray + vLLM: PPO (critic + GAE) and the critic-free estimators."
+GROUPS = RL_GROUPS
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from rlhfkit.observability.report import write_report
     from rlhfkit.rl.ppo_trainer import train_ppo
 
-    cfg = parse_config("ppo", RL_GROUPS, argv, DESCRIPTION)
-    return train_ppo(cfg)
+    cfg = parse_config("ppo", GROUPS, argv, DESCRIPTION)
+    result = train_ppo(cfg)
+    print(f"report: {write_report(cfg.run_dir)}")
+    return result
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlhfkit.rewards.server import serve_rm_main
+from rlhfkit.rewards.server import build_parser, serve_rm_main  # noqa: F401 (build_parser: generated docs)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,6 +17,7 @@ from rlhfkit.engine.distributed import DistInfo, init_distributed, shutdown_dist
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.models.loading import load_tokenizer
 from rlhfkit.models.logprobs import log_probs_from_logits
+from rlhfkit.observability.report import write_report
 from rlhfkit.observability.run import prepare_run_dir
 from rlhfkit.trainers.loop import OfflineMethod, plan_steps, train_offline
 
@@ -72,6 +73,8 @@ def run_offline_command(
                                data_stats=stats, extra_config=extra_config(train_samples) if extra_config else None)
         if after_training is not None:
             after_training(cfg, engine, tokenizer, result)
+        if dist_info.is_main:
+            log.info("report: %s", write_report(cfg.run_dir))
         return result
     finally:
         shutdown_distributed()

@@ -121,3 +121,16 @@ def test_tensorboard_wandb_offline_and_the_derived_table(tiny_model_dir, echo_da
     err = capsys.readouterr().err
     for row in ("accumulation steps", "total steps", "tokens per step", "world size"):
         assert row in err
+
+
+def test_packing_zero3_and_checkpointing_leave_the_loss_curve_unchanged(tiny_model_dir, echo_data, tmp_path):
+    train, _ = echo_data
+    plain = tmp_path / "plain"
+    variant = tmp_path / "variant"
+    sft_main(base_args(tiny_model_dir, train, plain, max_samples=32))
+    sft_main(base_args(tiny_model_dir, train, variant, max_samples=32, packing_samples=True, zero_stage=3,
+                       gradient_checkpointing=True))
+    a, b = train_losses(plain / "run"), train_losses(variant / "run")
+    assert len(a) == 4 and a.keys() == b.keys()
+    for step in a:
+        assert a[step] == pytest.approx(b[step], rel=1e-4, abs=1e-5), (step, a[step], b[step])
