@@ -23,7 +23,7 @@ DEMO_FLAGS: dict[str, Any] = {
     "train_batch_size": 32, "micro_train_batch_size": 8, "micro_rollout_batch_size": 16, "generate_max_len": 24,
     "prompt_max_len": 128, "temperature": 1.0, "actor_learning_rate": 3e-6, "lr_warmup_ratio": 0.0,
     "init_kl_coef": 0.0, "eval_temperature": 0.6, "eval_n_samples_per_prompt": 4, "vllm_dtype": "bf16",
-    "enable_vllm_is_correction": True, "vllm_kv_cache_mb": 256, "enforce_eager": True, "seed": 42,
+    "enable_vllm_is_correction": True, "vllm_kv_cache_mb": 1024, "enforce_eager": True, "seed": 42,
 }
 
 

@@ -43,6 +43,11 @@ class VLLMEngine:
         from vllm import LLM
 
         self.enable_prefix_caching = enable_prefix_caching
+        import torch
+
+        # vLLM's CPU backend crashes on seeded requests whose prompt is prefilled in chunks ("CPU Generator does
+        # not use offset" when it rewinds the generator): on CPU, prefill every prompt whole.
+        extra = {} if torch.cuda.is_available() else {"enable_chunked_prefill": False}
         self.llm = LLM(
             model=pretrain_path,
             tensor_parallel_size=tensor_parallel_size,
@@ -56,6 +61,7 @@ class VLLMEngine:
             logprobs_mode=logprobs_mode,
             worker_extension_cls=WORKER_EXTENSION,
             distributed_executor_backend=distributed_executor_backend,
+            **extra,
         )
 
     def ready(self) -> bool:
