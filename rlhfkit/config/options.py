@@ -117,6 +117,9 @@ class SFTOptions:
                                                                "(ignored with --apply_chat_template)")
     multiturn: bool = opt(False, "loss on every assistant turn of a message list")
     pretrain_mode: bool = opt(False, "loss on all tokens (continued pretraining)")
+    csft_keys: list[str] | None = opt(None, "conditional SFT: row keys of attribute values (e.g. rm_score) put before "
+                                            "the prompt as '<rm_score>: 5.00' lines (a system message with "
+                                            "--apply_chat_template); see docs/methods.md")
 
 
 COMMON_TRAIN_GROUPS: list[type] = [ModelOptions, DataOptions, TrainOptions, CheckpointOptions, LoggingOptions]

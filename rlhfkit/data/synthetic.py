@@ -40,3 +40,68 @@ def write_jsonl(rows: list[dict], path: str | Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
+
+
+# --- offline preference / distillation / process-reward tasks (rlhfkit rm|dpo|kto|kd|prm, conditional SFT) ---
+# Each is learnable by a tiny random-init model within a few dozen steps: the signal is a token-level feature.
+
+TOPICS = ["sky", "sea", "road", "house", "garden", "river", "forest", "city", "field", "hill"]
+PREFERRED_WORDS = ["sun", "moon", "star", "tree", "bird", "fish", "rose", "leaf"]
+DISPREFERRED_WORDS = ["mud", "rust", "dust", "ash", "smoke", "rot", "mold", "grime"]
+
+
+def _answer(rng: random.Random, words: list[str], k: int = 3) -> str:
+    return " ".join(rng.sample(words, k))
+
+
+def preference_rows(n: int, seed: int) -> list[dict[str, str]]:
+    """Pairs {"prompt", "chosen", "rejected"}: the chosen answer uses words of one set, the rejected of another.
+
+    For `rlhfkit rm` and `rlhfkit dpo` (with --prompt_key prompt)."""
+    rng = random.Random(seed)
+    return [{"prompt": f"Name three things of the {rng.choice(TOPICS)}.",
+             "chosen": _answer(rng, PREFERRED_WORDS), "rejected": _answer(rng, DISPREFERRED_WORDS)} for _ in range(n)]
+
+
+def unpaired_rows(n: int, seed: int) -> list[dict]:
+    """KTO rows {"input", "output", "label"}: desirable answers use the preferred words, undesirable the others."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        good = i % 2 == 0
+        rows.append({"input": f"Name three things of the {rng.choice(TOPICS)}.",
+                     "output": _answer(rng, PREFERRED_WORDS if good else DISPREFERRED_WORDS), "label": good})
+    return rows
+
+
+GOOD_MARKS = ["right", "valid", "true"]
+BAD_MARKS = ["wrong", "broken", "false"]
+
+
+def process_rows(n: int, seed: int, placeholder: str = "§", steps: tuple[int, int] = (2, 4)) -> list[dict]:
+    """PRM rows {"input", "label"}: steps "<word> <word> is <mark><placeholder>", label "+" when the mark is one
+    of GOOD_MARKS and "-" otherwise (balanced). The placeholder "§" is one token for SmolLM2's tokenizer."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        parts, labels = [], []
+        for _ in range(rng.randint(*steps)):
+            good = rng.random() < 0.5
+            mark = rng.choice(GOOD_MARKS if good else BAD_MARKS)
+            parts.append(f"{_answer(rng, PREFERRED_WORDS + DISPREFERRED_WORDS, 2)} is {mark}{placeholder}")
+            labels.append("+" if good else "-")
+        rows.append({"input": "\n".join(parts), "label": labels})
+    return rows
+
+
+def conditioned_rows(n: int, seed: int, key: str = "rm_score") -> list[dict]:
+    """Conditional-SFT rows {"input", "output", key}: a high score (5.0) goes with a good answer ("great ..."),
+    a low one (0.0) with a poor answer ("poor ..."), for the same kind of prompt."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        topic = rng.choice(TOPICS)
+        high = i % 2 == 0
+        rows.append({"input": f"Describe the {topic}.", "output": f"{'great' if high else 'poor'} {topic}",
+                     key: 5.0 if high else 0.0})
+    return rows

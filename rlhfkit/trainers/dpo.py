@@ -1,0 +1,221 @@
+"""DPO, IPO and cDPO on preference pairs, plus the reference-model plumbing KTO shares.
+
+With ``h = (log pi(y_c|x) - log pi(y_r|x)) - (log pi_ref(y_c|x) - log pi_ref(y_r|x))`` (sums over response tokens):
+
+    DPO  : -log sigmoid(beta h)                                   (per pair; mean over the global batch)
+    cDPO : -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)          (--label_smoothing eps)
+    IPO  : (h - 1 / (2 beta))^2 with length-averaged log-probs                 (--ipo)
+    + nll_loss_coef * (-mean_t log pi(y_c,t | ...))                           (--nll_loss_coef)
+
+The math is `rlhfkit.algorithms.preference.dpo_loss`; this module only feeds it. A pair weighs 1 in the loop's
+normaliser. The reference log-probs come from one of two places (``--ref_mode``):
+
+* ``precompute`` (default): before the policy engine is built, the reference model scores every pair of the training
+  (and eval) set once, the sums are stored in the samples and the reference is freed;
+* ``live``: the reference (FSDP2-sharded, frozen) runs beside the policy on every micro-batch.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rlhfkit.algorithms.preference import dpo_loss, sequence_log_probs
+from rlhfkit.data.collate import collate_padded
+from rlhfkit.data.preference import build_preference_samples
+from rlhfkit.engine.distributed import DistInfo, init_distributed
+from rlhfkit.engine.fsdp import shard_model
+from rlhfkit.models.loading import load_causal_lm
+from rlhfkit.trainers.common import target_log_probs
+from rlhfkit.trainers.loop import OfflineMethod
+
+log = logging.getLogger("rlhfkit")
+
+Batch = dict[str, Any]
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shared helpers (DPO, KTO, RM): device moves, sharded maps, frozen models, sequence log-probs.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def to_device(batch: Batch, device: torch.device | None) -> Batch:
+    """Tensors of a collated batch on ``device`` (no-op on CPU)."""
+    if device is None:
+        return batch
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def map_sharded(samples: Sequence[Any], micro: int, fn: Callable[[list[Any]], list[Any]],
+                dist_info: DistInfo | None = None) -> list[Any]:
+    """``fn`` over ``samples`` in chunks of ``micro``, sharded over the ranks, results gathered on every rank.
+
+    Every rank calls ``fn`` the same number of times (a rank with no samples left repeats sample 0 and discards the
+    result), so ``fn`` may run FSDP2 forwards, whose all-gathers need every rank.
+    """
+    if not samples:
+        return []
+    rank = dist_info.rank if dist_info else (dist.get_rank() if dist.is_initialized() else 0)
+    world = dist_info.world_size if dist_info else (dist.get_world_size() if dist.is_initialized() else 1)
+    mine = list(range(rank, len(samples), world))
+    calls = math.ceil(math.ceil(len(samples) / world) / micro)
+    results: dict[int, Any] = {}
+    for c in range(calls):
+        idx = mine[c * micro:(c + 1) * micro]
+        out = fn([samples[i] for i in idx] or [samples[0]])
+        results.update(zip(idx, out))
+    if world > 1:
+        gathered: list[dict[int, Any] | None] = [None] * world
+        dist.all_gather_object(gathered, results)
+        for part in gathered:
+            results.update(part or {})
+    return [results[i] for i in range(len(samples))]
+
+
+def load_frozen_causal_lm(spec: str, cfg: Any, dist_info: DistInfo, offload: bool = False) -> nn.Module:
+    """A forward-only causal LM (reference or teacher): no grads, eval mode, FSDP2-sharded like the policy."""
+    model = load_causal_lm(spec, attn_implementation=cfg.attn_implementation)
+    model.requires_grad_(False)
+    model.eval()
+    return shard_model(model, zero_stage=3, device=dist_info.device, param_dtype=cfg.param_dtype, cpu_offload=offload)
+
+
+def sequence_sums(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: (sum of response-token log-probs, number of response tokens), float32 ``[B]`` each."""
+    log_probs, mask = target_log_probs(model, batch)
+    mask = mask.to(log_probs.device)
+    return sequence_log_probs(log_probs, mask), mask.sum(-1)
+
+
+def collate_sides(samples: Sequence[dict], pad_token_id: int, sides: Sequence[tuple[str, str]]) -> Batch:
+    """One right-padded batch holding side 0 of every sample, then side 1, ...: ``[len(sides) * B, T]``."""
+    rows = [{"input_ids": s[ids], "loss_mask": s[mask]} for ids, mask in sides for s in samples]
+    return collate_padded(rows, pad_token_id)
+
+
+def annotate_reference(cfg: Any, samples: list[dict], pad_token_id: int, sides: Sequence[tuple[str, str, str]],
+                       what: str = "reference") -> None:
+    """``--ref_mode precompute``: score ``samples`` with the reference model once and store, for each side
+    ``(ids_key, mask_key, out_key)``, the response log-prob sum in ``sample[out_key]``. The reference is freed after."""
+    if not samples:
+        return
+    dist_info = init_distributed()  # idempotent: the command has initialised the group already
+    began = time.perf_counter()
+    ref = load_frozen_causal_lm(cfg.ref_pretrain or cfg.pretrain, cfg, dist_info)
+    pairs = [(ids, mask) for ids, mask, _ in sides]
+
+    @torch.no_grad()
+    def score(chunk: list[dict]) -> list[list[float]]:
+        batch = to_device(collate_sides(chunk, pad_token_id, pairs), dist_info.device)
+        sums, _ = sequence_sums(ref, batch)
+        per_side = sums.double().cpu().view(len(sides), len(chunk))
+        return per_side.t().tolist()
+
+    values = map_sharded(samples, max(1, cfg.micro_train_batch_size), score, dist_info)
+    for sample, row in zip(samples, values):
+        for (_, _, out), value in zip(sides, row):
+            sample[out] = value
+    ref = None  # free the reference before the policy engine is built
+    gc.collect()
+    log.info("%s log-probs precomputed for %d samples in %.2fs", what, len(samples), time.perf_counter() - began)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# DPO
+# ---------------------------------------------------------------------------------------------------------------
+
+PAIR_SIDES = (("chosen_ids", "chosen_loss_mask"), ("rejected_ids", "rejected_loss_mask"))
+REF_KEYS = ("ref_chosen_logp", "ref_rejected_logp")
+
+
+def preference_samples(cfg: Any, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
+    return build_preference_samples(rows, tokenizer, prompt_key=cfg.prompt_key, chosen_key=cfg.chosen_key,
+                                    rejected_key=cfg.rejected_key, input_template=cfg.input_template,
+                                    apply_chat_template=cfg.apply_chat_template, max_len=cfg.max_len)
+
+
+def dpo_samples(cfg: Any, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
+    samples, stats = preference_samples(cfg, tokenizer, rows)
+    if cfg.ref_mode == "precompute":
+        annotate_reference(cfg, samples, tokenizer.pad_token_id,
+                           [(*PAIR_SIDES[0], REF_KEYS[0]), (*PAIR_SIDES[1], REF_KEYS[1])])
+    return samples, stats
+
+
+def collate_pairs(samples: Sequence[dict], pad_token_id: int) -> Batch:
+    """``[2B, T]``: the B chosen sequences, then the B rejected ones; ``ref_logps [2B]`` when precomputed."""
+    batch = collate_sides(samples, pad_token_id, PAIR_SIDES)
+    if all(REF_KEYS[0] in s for s in samples):
+        batch["ref_logps"] = torch.tensor([s[k] for k in REF_KEYS for s in samples], dtype=torch.float32)
+    return batch
+
+
+def dpo_batch_loss(model: nn.Module, batch: Batch, *, beta: float, label_smoothing: float = 0.0, ipo: bool = False,
+                   nll_loss_coef: float = 0.0, ref_model: nn.Module | None = None,
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Sum over the micro-batch's pairs of the DPO/IPO/cDPO loss (+ NLL term), and metric sums."""
+    batch = to_device(batch, model_device(model))
+    logps, counts = sequence_sums(model, batch)
+    if ref_model is not None:
+        with torch.no_grad():
+            ref_logps, _ = sequence_sums(ref_model, batch)
+    elif "ref_logps" in batch:
+        ref_logps = batch["ref_logps"].to(logps.device)
+    else:
+        raise ValueError("DPO batch has no reference log-probs: use --ref_mode live or precompute them")
+    n = logps.shape[0] // 2
+    if ipo:
+        policy, ref = logps / counts.clamp(min=1), ref_logps / counts.clamp(min=1)
+    else:
+        policy, ref = logps, ref_logps
+    loss, chosen_rewards, rejected_rewards = dpo_loss(policy[:n], policy[n:], ref[:n], ref[n:], beta=beta,
+                                                      label_smoothing=label_smoothing, ipo=ipo, reduction="sum")
+    nll = -(logps[:n] / counts[:n].clamp(min=1)).sum()
+    if nll_loss_coef > 0:
+        loss = loss + nll_loss_coef * nll
+    metrics = {"chosen_reward": chosen_rewards.sum(), "rejected_reward": rejected_rewards.sum(),
+               "reward_margin": (chosen_rewards - rejected_rewards).sum(),
+               "reward_accuracy": (chosen_rewards > rejected_rewards).float().sum(),
+               "chosen_logps": logps[:n].detach().sum(), "rejected_logps": logps[n:].detach().sum(),
+               "nll": nll.detach()}
+    return loss, metrics
+
+
+def dpo_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
+    ref_model = None
+    if cfg.ref_mode == "live":
+        ref_model = load_frozen_causal_lm(cfg.ref_pretrain or cfg.pretrain, cfg, dist_info, offload=cfg.ref_offload)
+    pad_id = tokenizer.pad_token_id
+
+    def loss(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return dpo_batch_loss(model, batch, beta=cfg.beta, label_smoothing=cfg.label_smoothing, ipo=cfg.ipo,
+                              nll_loss_coef=cfg.nll_loss_coef, ref_model=ref_model)
+
+    return OfflineMethod(name="dpo", collate=lambda samples: collate_pairs(samples, pad_id), weight=lambda s: 1.0,
+                         loss=loss, tokens=lambda s: len(s["chosen_ids"]) + len(s["rejected_ids"]))
+
+
+def validate_dpo(cfg: Any) -> None:
+    from rlhfkit.config.parse import ConfigError
+
+    if cfg.beta <= 0:
+        raise ConfigError(f"--beta must be > 0, got {cfg.beta}")
+    if not 0.0 <= cfg.label_smoothing < 0.5:
+        raise ConfigError(f"--label_smoothing must lie in [0, 0.5), got {cfg.label_smoothing}")
+    if cfg.ipo and cfg.label_smoothing:
+        raise ConfigError("--ipo and --label_smoothing contradict: cDPO smoothing applies to the DPO loss only")
+    if cfg.nll_loss_coef < 0:
+        raise ConfigError(f"--nll_loss_coef must be >= 0, got {cfg.nll_loss_coef}")
+    if cfg.packing_samples:
+        raise ConfigError("--packing_samples is not supported by 'rlhfkit dpo' yet; drop the flag")
