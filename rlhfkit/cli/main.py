@@ -10,7 +10,12 @@ from rlhfkit.data.errors import DataError
 
 COMMANDS = {
     "demo": "GRPO on the embedded SmolLM2-135M-Instruct (what `make demo` runs)",
-    "sft": "supervised fine-tuning",
+    "sft": "supervised fine-tuning (conditional SFT with --csft_keys)",
+    "rm": "Bradley-Terry reward model on preference pairs",
+    "dpo": "DPO / IPO / cDPO on preference pairs",
+    "kto": "KTO on unpaired completions with desirable/undesirable labels",
+    "kd": "knowledge distillation from a teacher model, mixed with SFT",
+    "prm": "process reward model: a reward token at every step placeholder",
     "ppo": "online RL on Ray + vLLM: PPO, REINFORCE++, GRPO, Dr. GRPO, RLOO",
     "serve-rm": "serve a reward model or reward function over HTTP",
     "report": "write RUN_DIR/report.html: plots, samples and the reproduce command of a run",
