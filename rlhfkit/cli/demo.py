@@ -17,11 +17,12 @@ from typing import Any
 from rlhfkit.data.synthetic import arithmetic_rows, write_jsonl
 from rlhfkit.observability.run import default_run_dir
 
+SYSTEM = "You are a helpful assistant."
 DEMO_FLAGS: dict[str, Any] = {
     "input_key": "input", "label_key": "label", "apply_chat_template": True, "remote_rm_url": "builtin:math",
-    "advantage_estimator": "group_norm", "n_samples_per_prompt": 8, "rollout_batch_size": 8,
+    "advantage_estimator": "group_norm", "n_samples_per_prompt": 8, "rollout_batch_size": 4,
     "train_batch_size": 32, "micro_train_batch_size": 8, "micro_rollout_batch_size": 16, "generate_max_len": 24,
-    "prompt_max_len": 128, "temperature": 1.0, "actor_learning_rate": 3e-6, "lr_warmup_ratio": 0.0,
+    "prompt_max_len": 128, "temperature": 0.7, "actor_learning_rate": 3e-6, "param_dtype": "bf16", "lr_warmup_ratio": 0.0,
     "init_kl_coef": 0.0, "eval_temperature": 0.6, "eval_n_samples_per_prompt": 4, "vllm_dtype": "bf16",
     "enable_vllm_is_correction": True, "vllm_kv_cache_mb": 1024, "enforce_eager": True, "seed": 42,
 }
@@ -40,8 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def demo_argv(args: argparse.Namespace, run_dir: Path) -> list[str]:
     data = run_dir / "data"
-    train = write_jsonl(arithmetic_rows(args.steps * DEMO_FLAGS["rollout_batch_size"], seed=1), data / "train.jsonl")
-    held_out = write_jsonl(arithmetic_rows(args.eval_prompts, seed=1000), data / "eval.jsonl")
+    count = args.steps * DEMO_FLAGS["rollout_batch_size"]
+    train = write_jsonl(arithmetic_rows(count, seed=1, system=SYSTEM), data / "train.jsonl")
+    held_out = write_jsonl(arithmetic_rows(args.eval_prompts, seed=1000, system=SYSTEM), data / "eval.jsonl")
     flags = {**DEMO_FLAGS, "pretrain": args.pretrain, "prompt_data": train, "eval_dataset": held_out,
              "run_dir": str(run_dir), "save_path": str(run_dir / "model"), "rollout_backend": args.rollout_backend}
     argv: list[str] = []
@@ -82,9 +84,7 @@ def main(argv: list[str] | None = None) -> Path:
     run_dir = Path(args.run_dir or default_run_dir("demo"))
     ppo_main(demo_argv(args, run_dir))
     print(summarize(run_dir))
-    report = run_dir / "report.html"
-    if report.exists():
-        print(f"\nreport: {report}")
+    print(f"\nrun folder: {run_dir} (report.html, metrics.jsonl, samples.jsonl, manifest.json, model/)")
     return run_dir
 
 

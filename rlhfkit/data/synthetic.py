@@ -14,13 +14,20 @@ from pathlib import Path
 PROMPT = "What is {a} + {b}? Reply with only the number."
 
 
-def arithmetic_rows(n: int, seed: int, low: int = 0, high: int = 20) -> list[dict[str, str]]:
-    """n rows {"input", "output", "label"}; distinct seeds give disjoint-ish sets (held-out by seed)."""
+def arithmetic_rows(n: int, seed: int, low: int = 0, high: int = 20, system: str | None = None) -> list[dict]:
+    """n rows {"input", "output", "label"}; distinct seeds give disjoint-ish sets (held-out by seed).
+
+    With `system`, "input" is a chat message list (system + user) instead of a string, which replaces the
+    tokenizer's default system prompt (shorter prompts: faster RL on a CPU).
+    """
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
         a, b = rng.randint(low, high), rng.randint(low, high)
-        rows.append({"input": PROMPT.format(a=a, b=b), "output": str(a + b), "label": str(a + b)})
+        question = PROMPT.format(a=a, b=b)
+        prompt = question if system is None else [{"role": "system", "content": system},
+                                                  {"role": "user", "content": question}]
+        rows.append({"input": prompt, "output": str(a + b), "label": str(a + b)})
     return rows
 
 
