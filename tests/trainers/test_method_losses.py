@@ -1,0 +1,218 @@
+"""On a fixed batch, each offline method's loss equals the algorithms module's reference function.
+
+The reference side scores every sequence on its own (no padding, float64 log-softmax) and calls the function of
+`rlhfkit.algorithms` directly, so these tests also check the batching: concatenation of chosen and rejected rows,
+right padding, masks, the precomputed reference log-probs and the sum convention of the shared loop.
+"""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from rlhfkit.algorithms.preference import dpo_loss, kto_loss, reward_model_loss
+from rlhfkit.algorithms.supervised import distillation_loss, masked_lm_loss, prm_token_loss
+from rlhfkit.data.collate import model_inputs
+from rlhfkit.data.synthetic import echo_rows, preference_rows, process_rows, unpaired_rows
+from rlhfkit.engine.distributed import shutdown_distributed
+from rlhfkit.trainers.dpo import (
+    PAIR_SIDES,
+    REF_KEYS,
+    annotate_reference,
+    collate_pairs,
+    dpo_batch_loss,
+    preference_samples,
+)
+from rlhfkit.trainers.kd import kd_batch_loss
+from rlhfkit.trainers.kto import COMPLETION, MISMATCHED, attach_mismatched, collate_kto, kto_batch_loss
+from rlhfkit.trainers.prm import collate_prm, prm_batch_loss, prm_samples
+from rlhfkit.trainers.rm import collate_rm, rm_batch_loss
+
+PAIR_CFG = SimpleNamespace(prompt_key="prompt", chosen_key="chosen", rejected_key="rejected", input_template=None,
+                           apply_chat_template=True, max_len=64)
+
+
+def seq_logp(model, ids: list[int], mask: list[int]) -> tuple[torch.Tensor, int]:
+    """Float64 sum of log p(target tokens) of one unpadded sequence, and the number of targets."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].double()
+    lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+    m = torch.tensor(mask[1:], dtype=torch.float64)
+    return (lp * m).sum(), int(m.sum())
+
+
+def side_logps(model, samples, ids_key, mask_key):
+    out = [seq_logp(model, s[ids_key], s[mask_key]) for s in samples]
+    return torch.stack([v for v, _ in out]), torch.tensor([c for _, c in out], dtype=torch.float64)
+
+
+@pytest.fixture
+def pairs(tokenizer):
+    rows = preference_rows(3, seed=5)
+    rows[1]["chosen"] = "a much longer chosen answer so that the batch is padded"
+    samples, stats = preference_samples(PAIR_CFG, tokenizer, rows)
+    assert stats["kept"] == 3
+    return samples
+
+
+VARIANTS = {"dpo": dict(beta=0.1), "cdpo": dict(beta=0.5, label_smoothing=0.2), "ipo": dict(beta=0.1, ipo=True),
+            "dpo+nll": dict(beta=0.2, nll_loss_coef=0.7)}
+
+
+def test_dpo_loss_equals_reference_function(policy, other, pairs, tokenizer):
+    batch = collate_pairs(pairs, tokenizer.pad_token_id)
+    (pc, nc), (pr, nr) = (side_logps(policy, pairs, *side) for side in PAIR_SIDES)
+    (rc, _), (rr, _) = (side_logps(other, pairs, *side) for side in PAIR_SIDES)
+    for name, variant in VARIANTS.items():
+        loss, metrics = dpo_batch_loss(policy, batch, ref_model=other, **variant)
+        ipo = variant.get("ipo", False)
+        args = (pc / nc, pr / nr, rc / nc, rr / nr) if ipo else (pc, pr, rc, rr)
+        expected, chosen_r, rejected_r = dpo_loss(*args, beta=variant["beta"],
+                                                  label_smoothing=variant.get("label_smoothing", 0.0), ipo=ipo,
+                                                  reduction="sum")
+        expected = expected + variant.get("nll_loss_coef", 0.0) * (-(pc / nc).sum())
+        assert expected.dtype == torch.float64
+        assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-5, abs=1e-5), name
+        assert float(metrics["reward_margin"]) == pytest.approx(float((chosen_r - rejected_r).sum()), abs=1e-4), name
+        assert float(metrics["chosen_logps"]) == pytest.approx(float(pc.sum()), rel=1e-5), name
+        if name == "dpo":
+            h = (pc - pr) - (rc - rr)  # the DPO formula written out, float64
+            assert float(loss.detach()) == pytest.approx(float(-F.logsigmoid(variant["beta"] * h).sum()), rel=1e-5)
+            loss.backward()
+            assert all(p.grad is None or torch.isfinite(p.grad).all() for p in policy.parameters())
+
+
+def test_precomputed_reference_equals_live_reference(policy, other, other_model_dir, tiny_model_dir, pairs,
+                                                     tokenizer):
+    cfg = SimpleNamespace(ref_pretrain=other_model_dir, pretrain=tiny_model_dir, attn_implementation="sdpa",
+                          param_dtype="auto", micro_train_batch_size=2)  # 2 chunks, the last one short
+    owned = not dist.is_initialized()
+    try:
+        annotate_reference(cfg, pairs, tokenizer.pad_token_id,
+                           [(*PAIR_SIDES[0], REF_KEYS[0]), (*PAIR_SIDES[1], REF_KEYS[1])])
+    finally:
+        if owned:
+            shutdown_distributed()
+    (rc, _), (rr, _) = (side_logps(other, pairs, *side) for side in PAIR_SIDES)
+    assert [s[REF_KEYS[0]] for s in pairs] == pytest.approx(rc.tolist(), abs=1e-4)
+    assert [s[REF_KEYS[1]] for s in pairs] == pytest.approx(rr.tolist(), abs=1e-4)
+    batch = collate_pairs(pairs, tokenizer.pad_token_id)
+    assert "ref_logps" in batch
+    precomputed, _ = dpo_batch_loss(policy, batch, beta=0.1)
+    live, _ = dpo_batch_loss(policy, batch, beta=0.1, ref_model=other)
+    assert float(precomputed) == pytest.approx(float(live), rel=1e-5)
+
+
+def test_dpo_without_reference_log_probs_is_an_error(policy, pairs, tokenizer):
+    with pytest.raises(ValueError, match="ref_mode"):
+        dpo_batch_loss(policy, collate_pairs(pairs, tokenizer.pad_token_id), beta=0.1)
+
+
+@pytest.mark.parametrize("loss_type,margin", [("sigmoid", False), ("logexp", True)])
+def test_reward_model_loss_equals_reference_function(tiny_reward_model_dir, pairs, tokenizer, loss_type, margin):
+    from rlhfkit.models.loading import load_scalar_model, scalar_outputs
+
+    model = load_scalar_model(tiny_reward_model_dir).eval()
+    samples = [dict(s, margin=0.5 * i) for i, s in enumerate(pairs)] if margin else pairs
+    loss, metrics = rm_batch_loss(model, collate_rm(samples, tokenizer.pad_token_id), loss_type=loss_type)
+
+    def reward(ids):
+        ids_t = torch.tensor([ids])
+        return scalar_outputs(model, ids_t, torch.ones_like(ids_t))[0][0].double()
+
+    chosen = torch.stack([reward(s["chosen_ids"]) for s in samples])
+    rejected = torch.stack([reward(s["rejected_ids"]) for s in samples])
+    m = torch.tensor([s["margin"] for s in samples], dtype=torch.float64) if margin else None
+    expected = reward_model_loss(chosen, rejected, loss=loss_type, margin=m, reduction="sum")
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+    by_hand = -F.logsigmoid(chosen - rejected - (m if margin else 0.0)).sum()  # Bradley-Terry, float64
+    assert float(loss) == pytest.approx(float(by_hand), rel=1e-5)
+    assert float(metrics["accuracy"]) == float((chosen > rejected).sum())
+
+
+def test_kto_loss_equals_reference_function(policy, other, tokenizer):
+    from rlhfkit.data.unpaired import build_unpaired_samples
+
+    samples, _ = build_unpaired_samples(unpaired_rows(5, seed=3), tokenizer, input_key="input", output_key="output",
+                                        label_key="label", input_template="User: {}\nAssistant: ",
+                                        apply_chat_template=False, max_len=64)
+    attach_mismatched(samples, seed=0, max_len=64)
+    for s in samples:  # the mismatched sequence: own prompt + the response of another sample
+        assert s["kl_input_ids"][:s["prompt_len"]] == s["input_ids"][:s["prompt_len"]]
+        assert s["kl_loss_mask"] != [] and sum(s["kl_loss_mask"]) > 0
+    partners = [next(j for j, o in enumerate(samples) if o["input_ids"][o["prompt_len"]:]
+                     == s["kl_input_ids"][s["prompt_len"]:]) for s in samples]
+    assert sorted(partners) == list(range(5)) and all(i != j for i, j in enumerate(partners))
+    batch = collate_kto(samples, tokenizer.pad_token_id)
+    loss, metrics = kto_batch_loss(policy, batch, beta=0.3, desirable_loss_weight=1.5, undesirable_loss_weight=0.5,
+                                   ref_model=other)
+    logps, _ = side_logps(policy, samples, *COMPLETION)
+    kl, _ = side_logps(policy, samples, *MISMATCHED)
+    ref, _ = side_logps(other, samples, *COMPLETION)
+    ref_kl, _ = side_logps(other, samples, *MISMATCHED)
+    desirable = torch.tensor([s["label"] for s in samples])
+    expected, rewards, z = kto_loss(logps, ref, desirable, kl, ref_kl, beta=0.3, desirable_loss_weight=1.5,
+                                    undesirable_loss_weight=0.5, reduction="sum")
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+    assert float(metrics["kl"]) == pytest.approx(5 * float(z), abs=1e-4)
+    sign = desirable.double() * 2 - 1
+    assert float(metrics["signed_reward"]) == pytest.approx(float((sign * rewards).sum()), abs=1e-4)
+
+
+def test_kd_loss_equals_reference_function(policy, other, tokenizer):
+    from rlhfkit.data.sft import build_sft_samples
+
+    samples, _ = build_sft_samples(echo_rows(3, seed=4), tokenizer, input_key="input", output_key="output",
+                                   input_template="User: {}\nAssistant: ", apply_chat_template=False, max_len=64)
+    from rlhfkit.data.collate import collate_padded
+
+    batch = collate_padded(samples, tokenizer.pad_token_id)
+    loss, metrics = kd_batch_loss(policy, other, batch, kd_coef=0.4)
+    # Reference: the full [B, T, V] functions in float64, with the whole batch's token count as the normaliser.
+    student64, teacher64 = copy.deepcopy(policy).double(), copy.deepcopy(other).double()
+    with torch.no_grad():
+        s_logits = student64(**model_inputs(batch)).logits
+        t_logits = teacher64(**model_inputs(batch)).logits
+    nll = masked_lm_loss(s_logits, batch["input_ids"], batch["loss_mask"], num_tokens=1.0)
+    kl = distillation_loss(s_logits[:, :-1], t_logits[:, :-1], batch["loss_mask"][:, 1:], num_tokens=1.0)
+    assert nll.dtype == torch.float64
+    assert float(metrics["nll"]) == pytest.approx(float(nll), rel=1e-5)
+    assert float(metrics["kd_kl"]) == pytest.approx(float(kl), rel=1e-4)
+    assert float(loss) == pytest.approx(float(0.6 * nll + 0.4 * kl), rel=1e-5)
+
+
+@pytest.mark.parametrize("soft", [False, True], ids=["hard", "soft"])
+def test_prm_loss_equals_reference_function(policy, tokenizer, soft):
+    rows = process_rows(3, seed=6)
+    if soft:
+        rows = [dict(r, label=[0.9 if x == "+" else 0.2 for x in r["label"]]) for r in rows]
+    cfg = SimpleNamespace(input_key="input", label_key="label", placeholder_token="§", reward_tokens=["+", "-"],
+                          input_template=None, max_len=128)
+    samples, stats = prm_samples(cfg, tokenizer, rows)
+    assert stats["label_kind"] == ("soft" if soft else "hard")
+    placeholder, reward_ids = tokenizer.encode("§")[-1], [tokenizer.encode(t)[-1] for t in ("+", "-")]
+    batch = collate_prm(samples, tokenizer.pad_token_id)
+    loss, metrics = prm_batch_loss(policy, batch, placeholder_token_id=placeholder, reward_token_ids=reward_ids)
+    steps = sum(s["num_steps"] for s in samples)
+    with torch.no_grad():
+        mean, acc = prm_token_loss(policy(**model_inputs(batch)).logits, batch["input_ids"], batch["labels"],
+                                   placeholder_token_id=placeholder, reward_token_ids=reward_ids)
+    assert float(loss) == pytest.approx(float(mean) * steps, rel=1e-5)
+    assert float(metrics["accuracy"]) == pytest.approx(float(acc) * steps, abs=1e-4)
+    # By hand, one unpadded row at a time, float64: cross-entropy over the two reward tokens at each placeholder.
+    total = torch.zeros((), dtype=torch.float64)
+    for s in samples:
+        with torch.no_grad():
+            logits = policy(input_ids=torch.tensor([s["input_ids"]])).logits[0].double()
+        for t, (i, y) in enumerate(zip(s["input_ids"], s["labels"])):
+            if i == placeholder:
+                logp = torch.log_softmax(logits[t, reward_ids], -1)
+                q = torch.tensor([y, 1 - y], dtype=torch.float64) if soft else \
+                    torch.tensor([float(y == reward_ids[0]), float(y == reward_ids[1])], dtype=torch.float64)
+                total -= (q * logp).sum()
+    assert float(loss) == pytest.approx(float(total), rel=1e-5)
