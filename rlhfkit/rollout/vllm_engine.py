@@ -38,6 +38,7 @@ class VLLMEngine:
         seed: int = 42,
         logprobs_mode: str = "processed_logprobs",
         distributed_executor_backend: str | None = None,
+        enable_sleep_mode: bool = False,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
@@ -113,6 +114,15 @@ class VLLMEngine:
         """Drop all cached prefix blocks (call after the weights changed)."""
         return self.llm.reset_prefix_cache()
 
+    def sleep(self, level: int = 1) -> None:
+        """Free the device memory of a colocated engine (needs `enable_sleep_mode`, CUDA only): level 1 moves the
+        weights to host RAM and drops the KV cache."""
+        self.llm.sleep(level=level)
+
+    def wake_up(self) -> None:
+        """Undo `sleep`: weights back on the device, KV cache re-allocated."""
+        self.llm.wake_up()
+
 
 def _sampling_params(sampling: SamplingConfig, seed: int | None) -> Any:
     from vllm import SamplingParams
@@ -155,6 +165,8 @@ def create_vllm_engines(
     num_cpus_per_engine: float = 0.5,
     placement_group: Any = None,
     logprobs_mode: str = "processed_logprobs",
+    enable_sleep_mode: bool = False,
+    num_gpus_per_engine: float = 1.0,
 ) -> list[Any]:
     """Start `num_engines` `VLLMEngine` Ray actors and wait until they are ready.
 
@@ -163,7 +175,8 @@ def create_vllm_engines(
     `dtype="auto"` means float32. With GPUs each engine
     takes `tensor_parallel_size` GPUs: TP 1 runs in the actor (`num_gpus=1`); TP > 1 gives the actor a placement
     group of TP bundles and lets vLLM start its ray workers in it (GPU path written, not tested here). Engine `k`
-    is seeded with `seed + k`.
+    is seeded with `seed + k`. Colocated engines (`--colocate_all_models`) pass the models' `placement_group`, a
+    fraction `num_gpus_per_engine` of a GPU and `enable_sleep_mode` (`--vllm_enable_sleep`).
     """
     import ray
 
@@ -176,7 +189,8 @@ def create_vllm_engines(
     engine_cls = ray.remote(VLLMEngine)
     engines = []
     for k in range(num_engines):
-        options = _actor_options(k, has_gpus, tensor_parallel_size, num_cpus_per_engine, placement_group)
+        options = _actor_options(k, has_gpus, tensor_parallel_size, num_cpus_per_engine, placement_group,
+                                 num_gpus_per_engine)
         engines.append(
             engine_cls.options(**options).remote(
                 pretrain_path,
@@ -190,6 +204,7 @@ def create_vllm_engines(
                 seed=seed + k,
                 logprobs_mode=logprobs_mode,
                 distributed_executor_backend="ray" if tensor_parallel_size > 1 else None,
+                enable_sleep_mode=enable_sleep_mode and has_gpus,
             )
         )
     ray.get([e.ready.remote() for e in engines])
@@ -212,7 +227,7 @@ def engine_options_from_args(args: Any) -> dict[str, Any]:
 
 
 def _actor_options(
-    index: int, has_gpus: bool, tp: int, num_cpus: float, placement_group: Any
+    index: int, has_gpus: bool, tp: int, num_cpus: float, placement_group: Any, num_gpus: float = 1.0
 ) -> dict[str, Any]:
     """Ray options for engine `index`: resources, and where it sits in a (given or own) placement group."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -222,7 +237,7 @@ def _actor_options(
         options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": 0}
         bundle = index
     elif tp == 1:
-        options = {"num_cpus": num_cpus, "num_gpus": 1}
+        options = {"num_cpus": num_cpus, "num_gpus": num_gpus}
         bundle = index
     else:
         # vLLM's ray executor places its TP workers in the actor's placement group (captured by child tasks).
