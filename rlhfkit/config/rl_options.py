@@ -20,9 +20,15 @@ class PlacementOptions:
     critic_num_gpus_per_node: int = opt(1, "ranks per node of the critic group")
     reward_num_nodes: int = opt(1, "nodes of the reward-model group")
     reward_num_gpus_per_node: int = opt(1, "ranks per node of the reward-model group")
-    colocate_actor_ref: bool = opt(False, "actor and reference share bundles")
-    colocate_critic_reward: bool = opt(False, "critic and reward model share bundles")
-    colocate_all_models: bool = opt(False, "every model and the vLLM engines share the same bundles")
+    colocate_actor_ref: bool = opt(False, "actor and reference share bundles (needs equal rank counts)")
+    colocate_critic_reward: bool = opt(False, "critic and reward model(s) share bundles (needs equal rank counts)")
+    colocate_all_models: bool = opt(False, "every model and the vLLM engines share the actor's bundles (hybrid "
+                                           "engine; needs equal rank counts and vllm_num_engines x TP = actor ranks)")
+    fsdp_enable_offload: bool = opt(False, "move the actor's and critic's parameters, gradients and optimizer state "
+                                           "to host RAM while the engines generate, back for their own phases "
+                                           "(OpenRLHF's --deepspeed_enable_sleep; CUDA only, a no-op on CPU)")
+    ref_reward_offload: bool = opt(False, "keep the reference and reward models' parameters in host RAM, on the "
+                                          "device only during their forwards (CUDA only, a no-op on CPU)")
     torch_threads_per_worker: int = opt(0, "torch threads in each model worker (0: torch's default)")
 
 
@@ -40,7 +46,8 @@ class RolloutOptions:
                                   "2x faster than fp32; pair it with --enable_vllm_is_correction",
                           choices=["auto", "bf16", "fp16", "fp32"])
     vllm_sync_backend: str = opt("ray", "weight transport to the engines (ray object store)", choices=["ray", "nccl"])
-    vllm_enable_sleep: bool = opt(False, "put colocated engines to sleep while training (CUDA only)")
+    vllm_enable_sleep: bool = opt(False, "put the engines to sleep (weights to host RAM, KV cache freed) outside "
+                                         "generation; for --colocate_all_models (CUDA only, ignored on CPU)")
     enforce_eager: bool = opt(False, "disable CUDA graphs in vLLM")
     enable_prefix_caching: bool = opt(False, "vLLM prefix caching")
     weight_sync_bucket_mb: int = opt(64, "weight sync bucket size in MiB")
@@ -87,6 +94,7 @@ class RLAlgorithmOptions:
     use_dynamic_batch: bool = opt(False, "training micro-batches by token budget instead of row count")
     train_max_tokens_per_gpu: int = opt(16192, "token budget per micro-batch with --use_dynamic_batch")
     freezing_actor_steps: int = opt(-1, "train only the critic for the first N steps")
+    ptx_coef: float = opt(0.05, "weight of the auxiliary LM loss on --pretrain_data added to every policy step")
 
 
 @dataclass
@@ -98,7 +106,18 @@ class RewardOptions:
     reward_timeout: float = opt(60.0, "seconds a reward function / remote RM may take per batch")
     reward_error_policy: str = opt("raise", "raise: stop on a failing reward; zero: score it 0 and count it",
                                    choices=["raise", "zero"])
-    critic_pretrain: str | None = opt(None, "critic initialisation (default: the reward model, else --pretrain)")
+    reward_combine: str = opt("mean", "how several rewards (models and --remote_rm_url sources) combine per sample",
+                              choices=["mean", "sum"])
+    reward_weights: str | None = opt(None, "comma-separated weights, one per reward source (--reward_pretrain "
+                                           "models first): r = sum_i w_i r_i, overrides --reward_combine")
+    normalize_reward: bool = opt(False, "reward models: (r - reward_mean) / reward_std with the statistics "
+                                        "'rlhfkit rm' stored in their config.json")
+    reward_format_pattern: str | None = opt(None, "regex of builtin:format (default <think>..</think><answer>..)")
+    value_head_prefix: str = opt("score", "name of the scalar head of reward models and the critic (rlhfkit's "
+                                          "heads are always 'score')", choices=["score"])
+    critic_pretrain: str | None = opt(None, "critic initialisation (default: the first reward model, else "
+                                            "--pretrain)")
+    save_value_network: bool = opt(False, "also save the critic as an HF folder, <save_path>_critic")
     ref_pretrain: str | None = opt(None, "reference model (default: --pretrain)")
 
 
@@ -118,6 +137,13 @@ class PromptDataOptions:
     apply_chat_template: bool = opt(False, "format prompts with the tokenizer's chat template")
     tokenizer_chat_template: str | None = opt(None, "override the tokenizer's chat template")
     eval_steps: int = opt(-1, "evaluate every N steps (-1: at the start and the end)")
+    pretrain_data: str | None = opt(None, "SFT / pretraining data for the auxiliary loss (--ptx_coef), "
+                                          "comma-separated")
+    pretrain_data_probs: str | None = opt(None, "mixing probabilities for --pretrain_data")
+    pretrain_split: str = opt("train", "split of --pretrain_data")
+    pretrain_input_key: str | None = opt(None, "text key of --pretrain_data (default: --input_key)")
+    pretrain_output_key: str | None = opt(None, "response key of --pretrain_data: loss on the response only "
+                                                "(formatted like the prompts); unset: loss on every token")
 
 
 RL_GROUPS: list[type] = [PlacementOptions, RolloutOptions, RLAlgorithmOptions, RewardOptions, PromptDataOptions,

@@ -95,10 +95,14 @@ class ModelGroup:
         outputs = ray.get(refs)
         return torch.cat([out[:len(part)] for out, part in zip(outputs, parts)])
 
-    def scatter(self, method: str, shards: Sequence[dict[str, torch.Tensor]], *args) -> list[Any]:
+    def scatter(self, method: str, shards: Sequence[dict[str, torch.Tensor]], *args,
+                per_rank: Sequence[Sequence[Any]] | None = None) -> list[Any]:
+        """Call `method(shards[r], *args, *per_rank[r])` on rank r; return every rank's result."""
         import ray
 
-        return ray.get([getattr(w, method).remote(s, *args) for w, s in zip(self.workers, shards)])
+        extras = per_rank if per_rank is not None else [()] * len(self.workers)
+        return ray.get([getattr(w, method).remote(s, *args, *extra)
+                        for w, s, extra in zip(self.workers, shards, extras)])
 
 
 def _rendezvous_address() -> tuple[str, int]:

@@ -62,17 +62,30 @@ class Rollout:
 
 
 def generate_and_score(engines: list[Any], prompts: list[dict[str, Any]], sampling: SamplingConfig,
-                       reward_fn: Callable, tokenizer: Any, timer: Timer, seed_offset: int) -> Rollout:
-    """Generate n responses per prompt and score them. Rows come back prompt-major."""
+                       reward_fn: Callable, tokenizer: Any, timer: Timer, seed_offset: int,
+                       phases: Any | None = None) -> Rollout:
+    """Generate n responses per prompt and score them. Rows come back prompt-major.
+
+    `reward_fn`: a text reward source `(queries, prompts, labels)`, or an object with `score_rollout(samples,
+    queries, prompts, labels)` (`rl.reward_group.RolloutRewards`: reward models read the token ids).
+    `phases` (`rl.colocation.Phases`): engines awake for generation, models back on the device for scoring.
+    """
+    if phases is not None:
+        phases.before_generation()
     began = time.perf_counter()
     sampling = sampling.shifted(seed_offset) if sampling.seed is not None else sampling
     samples = generate_on_engines(engines, [p["prompt_ids"] for p in prompts], sampling)
     timer.add("generation", began)
+    if phases is not None:
+        phases.after_generation()
     began = time.perf_counter()
     texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
     prompt_texts = [prompts[s.prompt_index]["prompt"] for s in samples]
     labels = [prompts[s.prompt_index].get("label") for s in samples]
-    out = reward_fn([p + t for p, t in zip(prompt_texts, texts)], prompt_texts, labels)
+    queries = [p + t for p, t in zip(prompt_texts, texts)]
+    score_rollout = getattr(reward_fn, "score_rollout", None)
+    out = score_rollout(samples, queries, prompt_texts, labels) if score_rollout else \
+        reward_fn(queries, prompt_texts, labels)
     timer.add("reward", began)
     return Rollout(prompts, samples, out.rewards.float(), out.scores.float(), texts, out.failed, out.extra_logs)
 

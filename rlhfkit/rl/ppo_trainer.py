@@ -1,6 +1,6 @@
 """The online loop (`rlhfkit ppo`): read it top to bottom.
 
-    set-up: Ray -> tokenizer, prompts -> model groups (actor, ref, critic) -> rollout engines -> reward source
+    set-up: Ray -> tokenizer, prompts -> model groups (actor, ref, critic, reward) -> rollout engines -> rewards
     each step: generate + score (+ dynamic filtering) -> log-probs, KL, advantages -> train critic/actor
                -> sync weights to the engines -> log metrics and samples -> checkpoint -> eval
 """
@@ -47,7 +47,7 @@ def collect_rollout(s: RLSetup, stream: PromptStream, sampling: SamplingConfig, 
     while have < cfg.rollout_batch_size:
         offset = stream.cursor
         prompts = stream.take(cfg.rollout_batch_size - have if rounds else cfg.rollout_batch_size)
-        part = generate_and_score(s.engines, prompts, sampling, s.reward_fn, s.tokenizer, timer, offset)
+        part = generate_and_score(s.engines, prompts, sampling, s.reward_fn, s.tokenizer, timer, offset, s.phases)
         seen += len(prompts)
         if cfg.dynamic_filtering:
             low, high = cfg.dynamic_filtering_reward_range
@@ -78,7 +78,8 @@ def train_on_experience(s: RLSetup, exp: Experience, step: int) -> dict[str, flo
             if s.critic is not None:
                 _add(sums, s.critic.scatter("train_critic_step", _shards(tensors, s.critic.world_size), num_tokens))
             if step > cfg.freezing_actor_steps:
-                _add(sums, s.actor.scatter("train_policy_step", _shards(tensors, s.actor.world_size), num_tokens))
+                _add(sums, s.actor.scatter("train_policy_step", _shards(tensors, s.actor.world_size), num_tokens,
+                                           per_rank=s.ptx_per_rank(mini.batch_size)))
             tokens_seen += num_tokens
             updates += 1
     out = {}
@@ -113,6 +114,8 @@ def _add(sums: dict[str, float], results: list[dict[str, float]]) -> None:
 
 def sync_engines(s: RLSetup, timer: Timer) -> dict[str, float]:
     began = time.perf_counter()
+    if s.phases is not None:
+        s.phases.wake_engines()
     state = next(sd for sd in s.actor.call("state_dict_for_sync") if sd is not None)
     stats = sync_weights(s.engines, state.items(), bucket_bytes=s.cfg.weight_sync_bucket_mb << 20)
     timer.add("weight_sync", began)
@@ -147,7 +150,8 @@ def evaluate(s: RLSetup, step: int) -> dict[str, float]:
     cfg, n = s.cfg, s.cfg.eval_n_samples_per_prompt
     sampling = SamplingConfig(temperature=cfg.eval_temperature, top_p=1.0, max_new_tokens=cfg.generate_max_len, n=n,
                               seed=cfg.seed + 99991, stop_token_ids=tuple(s.stop_ids))
-    rollout = generate_and_score(s.engines, s.eval_prompts, sampling, s.reward_fn, s.tokenizer, Timer(), 0)
+    rollout = generate_and_score(s.engines, s.eval_prompts, sampling, s.reward_fn, s.tokenizer, Timer(), 0,
+                                 s.phases)
     correct = (rollout.scores.view(-1, n) > 0).sum(-1).tolist()
     out = {"eval/reward_mean": float(rollout.rewards.mean()), "eval/score_mean": float(rollout.scores.mean())}
     for k in sorted({1, n}):
@@ -156,9 +160,11 @@ def evaluate(s: RLSetup, step: int) -> dict[str, float]:
     return out
 
 
-def _write_samples(s: RLSetup, step: int, rollout: Rollout, kind: str, limit: int = 4) -> None:
+def _write_samples(s: RLSetup, step: int, rollout: Rollout, kind: str, limit: int = 6) -> None:
+    """The first sample of each of the first `limit` prompts, to samples.jsonl (for the report)."""
+    rows = [i for i, sample in enumerate(rollout.samples) if sample.sample_index == 0][:limit]
     with (Path(s.cfg.run_dir) / "samples.jsonl").open("a") as f:
-        for i in range(min(limit, len(rollout.samples))):
+        for i in rows:
             prompt = rollout.prompts[rollout.samples[i].prompt_index]
             f.write(json.dumps({"step": step, "kind": kind, "prompt": prompt["prompt"], "response": rollout.texts[i],
                                 "reward": float(rollout.rewards[i]), "label": prompt.get("label")}) + "\n")

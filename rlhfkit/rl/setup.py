@@ -1,4 +1,10 @@
-"""Set-up of an online run: Ray, data, model groups, rollout engines, reward source, resume."""
+"""Set-up of an online run: Ray, data, model groups and their placement, rollout engines, rewards, resume.
+
+Placement: every role is a `ModelGroup` of `--<role>_num_nodes x --<role>_num_gpus_per_node` ranks in a Ray
+placement group. `--colocate_actor_ref` puts the reference on the actor's bundles, `--colocate_critic_reward` the
+reward model(s) on the critic's, `--colocate_all_models` every model and the vLLM engines on the actor's; roles on
+the same bundles split it (a fraction of a GPU each, or of the bundle's logical CPU).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,18 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from rlhfkit.config.parse import ConfigError, config_to_dict
 from rlhfkit.config.validate import require
 from rlhfkit.data.prompts import build_prompt_samples
 from rlhfkit.data.readers import blend_datasets
 from rlhfkit.models.loading import load_tokenizer, resolve_pretrain
 from rlhfkit.observability.run import prepare_run_dir
-from rlhfkit.rl.group import ModelGroup, make_placement_group
+from rlhfkit.rl.colocation import Phases
+from rlhfkit.rl.group import ModelGroup, cluster_has_gpus, make_placement_group
+from rlhfkit.rl.make_experience import PromptStream
+from rlhfkit.rl.reward_group import RolloutRewards, model_specs, text_sources
 from rlhfkit.rollout.weight_sync import sync_weights
 
 log = logging.getLogger("rlhfkit")
@@ -40,9 +51,32 @@ class RLSetup:
     summary: dict[str, Any] = field(default_factory=dict)
     owns_ray: bool = False
     owns_engines: bool = True
+    rewards: list[ModelGroup] = field(default_factory=list)  # reward-model groups (also inside reward_fn)
+    ptx: PromptStream | None = None                           # --pretrain_data samples for the --ptx_coef loss
+    phases: Phases | None = None
+    placement_groups: list[Any] = field(default_factory=list)
+
+    @property
+    def groups(self) -> list[ModelGroup]:
+        return [g for g in (self.actor, self.ref, self.critic, *self.rewards) if g is not None]
+
+    def ptx_per_rank(self, rows: int) -> list[tuple[dict, float]] | None:
+        """This policy step's --pretrain_data batch (`rows` samples), split over the actor ranks, with the global
+        count of target tokens; None without --pretrain_data."""
+        if self.ptx is None:
+            return None
+        from rlhfkit.data.collate import collate_padded
+        from rlhfkit.rl.experience import split_rows
+
+        batch = collate_padded(self.ptx.take(max(rows, self.actor.world_size)), self.tokenizer.pad_token_id)
+        tensors = {"sequences": batch["input_ids"], "attention_mask": batch["attention_mask"],
+                   "loss_mask": batch["loss_mask"]}
+        tokens = float(batch["loss_mask"].sum())
+        return [({k: v[torch.tensor(part)] for k, v in tensors.items()}, tokens)
+                for part in split_rows(tensors["sequences"].shape[0], self.actor.world_size)]
 
     def save_checkpoint(self, step: int, cursor: int) -> None:
-        state = {"cursor": cursor}
+        state = {"cursor": cursor, "ptx_cursor": self.ptx.cursor if self.ptx is not None else 0}
         self.actor.call("save_checkpoint", f"{self.cfg.ckpt_path}/actor", step, state, self.cfg.max_ckpt_num)
         if self.critic is not None:
             self.critic.call("save_checkpoint", f"{self.cfg.ckpt_path}/critic", step, state, self.cfg.max_ckpt_num)
@@ -54,14 +88,15 @@ class RLSetup:
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        groups = [g for g in (self.actor, self.ref, self.critic) if g is not None]
-        for group in groups:
+        for group in self.groups:
             group.shutdown()
-        for pg in {id(g.placement_group): g.placement_group for g in groups}.values():
-            remove_placement_group(pg)
         if self.owns_engines:
             for engine in self.engines:
                 ray.kill(engine)
+            self.owns_engines = False
+        for pg in self.placement_groups:
+            remove_placement_group(pg)
+        self.placement_groups = []
         if self.owns_ray and ray.is_initialized():
             ray.shutdown()
 
@@ -102,6 +137,42 @@ def validate_rl(cfg: Any) -> None:
                     cfg.top_p)
     if cfg.vllm_sync_backend == "nccl":
         raise ConfigError("--vllm_sync_backend nccl is not available yet; use ray (the object store)")
+    if cfg.reward_weights is not None:
+        try:
+            [float(w) for w in cfg.reward_weights.split(",")]
+        except ValueError:
+            raise ConfigError(f"--reward_weights {cfg.reward_weights!r}: expected comma-separated numbers") from None
+    if cfg.ptx_coef < 0:
+        raise ConfigError(f"--ptx_coef {cfg.ptx_coef} must be >= 0")
+    if cfg.pretrain_data and cfg.ptx_coef == 0:
+        log.warning("--pretrain_data is given but --ptx_coef is 0: the auxiliary loss is off")
+    _validate_colocation(cfg)
+
+
+def _world(cfg: Any, role: str) -> int:
+    return getattr(cfg, f"{role}_num_nodes") * getattr(cfg, f"{role}_num_gpus_per_node")
+
+
+def _validate_colocation(cfg: Any) -> None:
+    """Colocated roles share bundles rank for rank, so their rank counts must match (as in OpenRLHF)."""
+    has_critic = cfg.advantage_estimator == "gae"
+    has_rm = bool(model_specs(cfg))
+    pairs = []
+    if cfg.colocate_all_models:
+        pairs += [("ref", cfg.init_kl_coef > 0), ("critic", has_critic), ("reward", has_rm)]
+        pairs = [("actor", role, used) for role, used in pairs]
+    else:
+        if cfg.colocate_actor_ref:
+            pairs.append(("actor", "ref", cfg.init_kl_coef > 0))
+        if cfg.colocate_critic_reward:
+            pairs.append(("critic", "reward", has_critic and has_rm))
+    for a, b, used in pairs:
+        if used and _world(cfg, a) != _world(cfg, b):
+            flag = "--colocate_all_models" if cfg.colocate_all_models else f"--colocate_{a}_{b}"
+            raise ConfigError(f"{flag}: the {a} has {_world(cfg, a)} ranks ({a}_num_nodes x {a}_num_gpus_per_node) "
+                              f"but the {b} {_world(cfg, b)}; colocated roles share bundles rank for rank: set "
+                              f"--{b}_num_nodes {getattr(cfg, a + '_num_nodes')} --{b}_num_gpus_per_node "
+                              f"{getattr(cfg, a + '_num_gpus_per_node')}")
 
 
 def load_prompts(cfg: Any, tokenizer: Any, spec: str, split: str, probs: str | None = None) -> list[dict]:
@@ -116,32 +187,108 @@ def load_prompts(cfg: Any, tokenizer: Any, spec: str, split: str, probs: str | N
     return samples
 
 
-def _groups(cfg: Any, worker_cfg: dict, total_updates: int, has_critic: bool, need_ref: bool):
-    actor_world = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
-    colocate_ref = cfg.colocate_actor_ref or cfg.colocate_all_models
-    actor_pg = make_placement_group(cfg.actor_num_nodes, cfg.actor_num_gpus_per_node, 1.0)
-    share = 0.5 if (colocate_ref and need_ref) or (cfg.colocate_all_models and has_critic) else 1.0
-    actor = ModelGroup("actor", worker_cfg, actor_pg, actor_world, cfg.actor_num_nodes, share)
-    actor.call("init_model", cfg.pretrain, True, total_updates, cfg.actor_learning_rate)
+@dataclass
+class Placement:
+    """The placement groups of a run and how many roles share each one's bundles."""
+
+    groups: dict[str, Any] = field(default_factory=dict)   # role -> placement group
+    sharing: dict[int, int] = field(default_factory=dict)  # id(placement group) -> roles on its bundles
+    owned: list[Any] = field(default_factory=list)
+
+    def new(self, cfg: Any, role: str) -> Any:
+        pg = make_placement_group(getattr(cfg, f"{role}_num_nodes"), getattr(cfg, f"{role}_num_gpus_per_node"), 1.0)
+        self.owned.append(pg)
+        return pg
+
+    def put(self, role: str, pg: Any) -> None:
+        self.groups[role] = pg
+        self.sharing[id(pg)] = self.sharing.get(id(pg), 0) + 1
+
+    def share(self, role: str) -> float:
+        """The fraction of a bundle each role on `role`'s placement group gets."""
+        return 1.0 / self.sharing[id(self.groups[role])]
+
+
+def plan_placement(cfg: Any, has_critic: bool, need_ref: bool, reward_specs: list[str],
+                   create_engines: bool) -> Placement:
+    """Placement groups per role: roles named by a colocation flag share the bundles of the group they join."""
+    p = Placement()
+    p.put("actor", p.new(cfg, "actor"))
+    everything = cfg.colocate_all_models
+    if need_ref:
+        p.put("ref", p.groups["actor"] if (everything or cfg.colocate_actor_ref) else p.new(cfg, "ref"))
+    if has_critic:
+        p.put("critic", p.groups["actor"] if everything else p.new(cfg, "critic"))
+    for k, _ in enumerate(reward_specs):
+        if everything:
+            pg = p.groups["actor"]
+        elif cfg.colocate_critic_reward and has_critic:
+            pg = p.groups["critic"]
+        else:
+            pg = p.new(cfg, "reward")
+        p.put(f"reward{k}", pg)
+    if everything and create_engines:
+        p.put("engines", p.groups["actor"])
+    return p
+
+
+def _groups(cfg: Any, worker_cfg: dict, total_updates: int, has_critic: bool, need_ref: bool,
+            reward_specs: list[str], placement: Placement, made: list[ModelGroup]):
+    """Create and initialise the model groups (appending each to `made` as soon as it exists, for clean-up)."""
+    def group(role: str, key: str) -> ModelGroup:
+        pg = placement.groups[key]
+        world = _world(cfg, role)
+        made.append(ModelGroup(role, worker_cfg, pg, world, getattr(cfg, f"{role}_num_nodes"),
+                               placement.share(key)))
+        return made[-1]
+
+    actor = group("actor", "actor")
+    pending = [(actor, ("init_model", cfg.pretrain, True, total_updates, cfg.actor_learning_rate))]
     ref = None
     if need_ref:
-        ref_world = actor_world if colocate_ref else cfg.ref_num_nodes * cfg.ref_num_gpus_per_node
-        ref_pg = actor_pg if colocate_ref else make_placement_group(cfg.ref_num_nodes, cfg.ref_num_gpus_per_node, 1.0)
-        ref = ModelGroup("ref", worker_cfg, ref_pg, ref_world, cfg.ref_num_nodes, share if colocate_ref else 1.0)
-        ref.call("init_model", cfg.ref_pretrain or cfg.pretrain, False)
+        ref = group("ref", "ref")
+        pending.append((ref, ("init_model", cfg.ref_pretrain or cfg.pretrain, False)))
     critic = None
     if has_critic:
-        critic_world = cfg.critic_num_nodes * cfg.critic_num_gpus_per_node
-        critic_pg = actor_pg if cfg.colocate_all_models else make_placement_group(
-            cfg.critic_num_nodes, cfg.critic_num_gpus_per_node, 1.0)
-        critic = ModelGroup("critic", worker_cfg, critic_pg, critic_world, cfg.critic_num_nodes,
-                            share if cfg.colocate_all_models else 1.0)
-        init = cfg.critic_pretrain or (cfg.reward_pretrain.split(",")[0] if cfg.reward_pretrain else cfg.pretrain)
-        critic.call("init_model", init, True, total_updates, cfg.critic_learning_rate, True)
-    return actor, ref, critic
+        critic = group("critic", "critic")
+        init = cfg.critic_pretrain or (reward_specs[0] if reward_specs else cfg.pretrain)
+        pending.append((critic, ("init_model", init, True, total_updates, cfg.critic_learning_rate, True)))
+    rewards = []
+    for k, spec in enumerate(reward_specs):
+        rewards.append(group("reward", f"reward{k}"))
+        pending.append((rewards[-1], ("init_model", spec, False, 1, 0.0, True, True)))
+    _init_all(pending)
+    return actor, ref, critic, rewards
 
 
-def _engines(cfg: Any, path: str) -> list[Any]:
+def _init_all(pending: list[tuple[ModelGroup, tuple]]) -> None:
+    """Initialise every group's model concurrently (the groups load in parallel, each rank set collectively)."""
+    import ray
+
+    refs = [[getattr(w, args[0]).remote(*args[1:]) for w in g.workers] for g, args in pending]
+    for (g, args), group_refs in zip(pending, refs):
+        try:
+            ray.get(group_refs)
+        except Exception as err:
+            raise RuntimeError(f"loading the {g.role} model {args[1]!r} failed: {err}") from err
+
+
+def _check_reward_tokenizers(tokenizer: Any, specs: list[str]) -> None:
+    """Reward models on Ray read the policy's token ids, so they must share its tokenizer."""
+    vocab = tokenizer.get_vocab()
+    for spec in specs:
+        if load_tokenizer(spec).get_vocab() != vocab:
+            raise ConfigError(f"--reward_pretrain {spec}: its tokenizer differs from the policy's ({cfg_name(spec)}); "
+                              "reward models on the reward group score the policy's token ids. Serve it with "
+                              "'rlhfkit serve-rm --reward_pretrain ...' and pass --remote_rm_url http://HOST:PORT "
+                              "instead (the server re-tokenises the text)")
+
+
+def cfg_name(spec: str) -> str:
+    return spec.rsplit("/", 1)[-1]
+
+
+def _engines(cfg: Any, path: str, placement: Placement) -> list[Any]:
     if cfg.rollout_backend == "hf":
         from rlhfkit.rollout.hf_engine import create_hf_engines
 
@@ -151,29 +298,56 @@ def _engines(cfg: Any, path: str) -> list[Any]:
     options = engine_options_from_args(cfg)
     if cfg.vllm_dtype != "auto":
         options["dtype"] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[cfg.vllm_dtype]
+    if "engines" in placement.groups:  # --colocate_all_models: engine k on the actor's bundle k (x TP)
+        share = placement.share("engines")
+        options.update(placement_group=placement.groups["engines"], num_gpus_per_engine=share,
+                       num_cpus_per_engine=0.25 * share)
+    options["enable_sleep_mode"] = cfg.vllm_enable_sleep
     return create_vllm_engines(cfg.vllm_num_engines, path, **options)
 
 
-def reward_source(cfg: Any) -> Any:
-    from rlhfkit.rewards.sources import build_reward_source
+def build_rewards(cfg: Any, tokenizer: Any, groups: list[ModelGroup], specs: list[str]) -> RolloutRewards:
+    weights = [float(w) for w in cfg.reward_weights.split(",")] if cfg.reward_weights else None
+    try:
+        return RolloutRewards([(f"rm:{spec}", g) for spec, g in zip(specs, groups)], text_sources(cfg),
+                              rule=cfg.reward_combine, weights=weights, eos_token_id=tokenizer.eos_token_id,
+                              pad_token_id=tokenizer.pad_token_id)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
-    specs = ",".join(x for x in (cfg.reward_pretrain, cfg.remote_rm_url) if x)
-    return build_reward_source(specs, timeout=cfg.reward_timeout, error_policy=cfg.reward_error_policy,
-                               model_kwargs={"micro_batch_size": cfg.micro_rollout_batch_size},
-                               remote_kwargs={"timeout": cfg.reward_timeout})
+
+def load_ptx(cfg: Any, tokenizer: Any) -> PromptStream | None:
+    """--pretrain_data as SFT samples (input_ids, loss_mask), max length --prompt_max_len + --generate_max_len."""
+    if not cfg.pretrain_data or cfg.ptx_coef == 0:
+        return None
+    from rlhfkit.data.sft import build_sft_samples
+
+    rows = blend_datasets(cfg.pretrain_data, cfg.pretrain_data_probs, split=cfg.pretrain_split, seed=cfg.seed,
+                          max_samples=cfg.max_samples)
+    sft = cfg.pretrain_output_key is not None
+    samples, stats = build_sft_samples(rows, tokenizer, input_key=cfg.pretrain_input_key or cfg.input_key,
+                                       output_key=cfg.pretrain_output_key,
+                                       input_template=cfg.input_template if sft else None,
+                                       apply_chat_template=cfg.apply_chat_template and sft,
+                                       max_len=cfg.prompt_max_len + cfg.generate_max_len, pretrain_mode=not sft)
+    log.info("--pretrain_data %s: %s", cfg.pretrain_data, stats)
+    if not samples:
+        raise ConfigError(f"no usable samples in --pretrain_data {cfg.pretrain_data} (stats {stats})")
+    return PromptStream(samples, cfg.seed + 1)
 
 
 def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
     """Everything a run needs. `engines`: already-running rollout engines to reuse (tests, notebooks)."""
     validate_rl(cfg)
     owns_ray = start_ray(cfg)
-    prepare_run_dir(cfg, True, cfg.actor_num_nodes * cfg.actor_num_gpus_per_node)
+    prepare_run_dir(cfg, True, _world(cfg, "actor"))
     cfg.pretrain = resolve_pretrain(cfg.pretrain)
     tokenizer = load_tokenizer(cfg.pretrain)
     if cfg.tokenizer_chat_template:
         tokenizer.chat_template = cfg.tokenizer_chat_template
     prompts = load_prompts(cfg, tokenizer, cfg.prompt_data, cfg.prompt_split, cfg.prompt_data_probs)
     eval_prompts = load_prompts(cfg, tokenizer, cfg.eval_dataset, cfg.eval_split) if cfg.eval_dataset else []
+    ptx = load_ptx(cfg, tokenizer)
     steps_per_episode = len(prompts) // cfg.rollout_batch_size
     if steps_per_episode == 0:
         raise ConfigError(f"{len(prompts)} prompts are fewer than --rollout_batch_size {cfg.rollout_batch_size}")
@@ -183,26 +357,72 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
     worker_cfg = {k: v for k, v in config_to_dict(cfg).items()}
     has_critic = cfg.advantage_estimator == "gae"
     need_ref = cfg.init_kl_coef > 0
-    actor, ref, critic = _groups(cfg, worker_cfg, updates, has_critic, need_ref)
+    reward_specs = [resolve_pretrain(spec) for spec in model_specs(cfg)]
+    _check_reward_tokenizers(tokenizer, reward_specs)
+    if engines is None and cfg.colocate_all_models and \
+            cfg.vllm_num_engines * cfg.vllm_tensor_parallel_size != _world(cfg, "actor"):
+        raise ConfigError(f"--colocate_all_models: --vllm_num_engines {cfg.vllm_num_engines} x "
+                          f"--vllm_tensor_parallel_size {cfg.vllm_tensor_parallel_size} must equal the actor's "
+                          f"{_world(cfg, 'actor')} ranks (one engine shard per bundle)")
+    placement = plan_placement(cfg, has_critic, need_ref, reward_specs, engines is None)
+    made: list[ModelGroup] = []
     owns_engines = engines is None
-    if engines is None:
-        engines = _engines(cfg, cfg.pretrain)
-    else:  # reused engines start from this run's initial weights
-        state = next(sd for sd in actor.call("state_dict_for_sync") if sd is not None)
-        sync_weights(engines, state.items(), bucket_bytes=cfg.weight_sync_bucket_mb << 20)
-    reward_fn = reward_source(cfg)
+    try:
+        actor, ref, critic, reward_groups = _groups(cfg, worker_cfg, updates, has_critic, need_ref, reward_specs,
+                                                    placement, made)
+        if engines is None:
+            engines = _engines(cfg, cfg.pretrain, placement)
+        else:  # reused engines start from this run's initial weights
+            state = next(sd for sd in actor.call("state_dict_for_sync") if sd is not None)
+            sync_weights(engines, state.items(), bucket_bytes=cfg.weight_sync_bucket_mb << 20)
+        reward_fn = build_rewards(cfg, tokenizer, reward_groups, reward_specs)
+    except BaseException:
+        _abandon(made, placement.owned, engines if owns_engines else None)
+        raise
     stop_ids = sorted({i for i in [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
                        if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id})
     s = RLSetup(cfg, tokenizer, prompts, eval_prompts, actor, ref, critic, engines, reward_fn, stop_ids, total_steps,
-                owns_ray=owns_ray, owns_engines=owns_engines)
+                owns_ray=owns_ray, owns_engines=owns_engines, rewards=reward_groups, ptx=ptx,
+                placement_groups=placement.owned)
+    s.phases = Phases.from_config(cfg, engines, [actor, critic], cluster_has_gpus())
     s.summary = {"actor ranks": actor.world_size, "reference": ref.world_size if ref else "off (init_kl_coef 0)",
-                 "critic": critic.world_size if critic else "off", "rollout engines": len(engines),
-                 "backend": cfg.rollout_backend, "prompts": len(prompts), "eval prompts": len(eval_prompts),
-                 "samples per step": buffer, "optimizer steps per rollout": updates // max(1, total_steps),
-                 "total steps": total_steps, "estimator": cfg.advantage_estimator}
-    if cfg.load_checkpoint:
-        _resume(s)
+                 "critic": critic.world_size if critic else "off",
+                 "reward models": ", ".join(f"{g.world_size} x {spec}" for spec, g in zip(reward_specs, reward_groups))
+                 or "none", "reward": reward_fn.name, "placement": _layout(cfg),
+                 "rollout engines": len(engines), "backend": cfg.rollout_backend, "prompts": len(prompts),
+                 "eval prompts": len(eval_prompts), "samples per step": buffer,
+                 "optimizer steps per rollout": updates // max(1, total_steps), "total steps": total_steps,
+                 "estimator": cfg.advantage_estimator}
+    if ptx is not None:
+        s.summary["ptx samples"] = len(ptx.samples)
+    try:
+        if cfg.load_checkpoint:
+            _resume(s)
+    except BaseException:
+        s.close()
+        raise
     return s
+
+
+def _layout(cfg: Any) -> str:
+    if cfg.colocate_all_models:
+        return "all models + engines colocated"
+    parts = [name for flag, name in ((cfg.colocate_actor_ref, "actor+ref"), (cfg.colocate_critic_reward,
+                                                                             "critic+reward")) if flag]
+    return ", ".join(parts) + " colocated" if parts else "separate"
+
+
+def _abandon(groups: list[ModelGroup], pgs: list[Any], engines: list[Any] | None) -> None:
+    """Free what a failed set-up created."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    for group in groups:
+        group.shutdown()
+    for engine in engines or []:
+        ray.kill(engine)
+    for pg in pgs:
+        remove_placement_group(pg)
 
 
 def _resume(s: RLSetup) -> None:
@@ -211,8 +431,15 @@ def _resume(s: RLSetup) -> None:
         log.info("--load_checkpoint: nothing in %s/actor, starting fresh", s.cfg.ckpt_path)
         return
     if s.critic is not None:
-        s.critic.call("load_checkpoint", f"{s.cfg.ckpt_path}/critic")
+        critic_states = s.critic.call("load_checkpoint", f"{s.cfg.ckpt_path}/critic")
+        if critic_states[0] is None or critic_states[0]["step"] != states[0]["step"]:
+            found = "nothing" if critic_states[0] is None else f"step {critic_states[0]['step']}"
+            raise ConfigError(f"--load_checkpoint: {s.cfg.ckpt_path}/actor is at step {states[0]['step']} but "
+                              f"{s.cfg.ckpt_path}/critic holds {found}; a PPO (gae) run resumes both. Copy the "
+                              "critic checkpoint of the same step, or start fresh")
     s.start_step, s.start_cursor = states[0]["step"], states[0]["cursor"]
+    if s.ptx is not None:
+        s.ptx.cursor = states[0].get("ptx_cursor", 0)
     state = next(sd for sd in s.actor.call("state_dict_for_sync") if sd is not None)
     sync_weights(s.engines, state.items(), bucket_bytes=s.cfg.weight_sync_bucket_mb << 20)
     log.info("resumed at step %d (prompt cursor %d); engine weights synced", s.start_step, s.start_cursor)
@@ -221,3 +448,6 @@ def _resume(s: RLSetup) -> None:
 def save_final(s: RLSetup) -> None:
     s.actor.call("save_hf", s.cfg.save_path, s.cfg.pretrain)
     log.info("saved the policy to %s", s.cfg.save_path)
+    if s.critic is not None and s.cfg.save_value_network:
+        s.critic.call("save_hf", f"{s.cfg.save_path}_critic", s.cfg.pretrain)
+        log.info("saved the critic to %s_critic", s.cfg.save_path)

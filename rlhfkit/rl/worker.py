@@ -1,10 +1,17 @@
-"""One rank of a model group (actor, reference, critic): a Ray actor that joins its group's process group
+"""One rank of a model group (actor, reference, critic, reward): a Ray actor that joins its group's process group
 with the same env vars torchrun sets, so the FSDP2 engine code is the one the offline trainers use.
+
+Memory between phases (CUDA only; on CPU every state already lives in host RAM and these are no-ops):
+`offload_states` / `reload_states` move a trainer's parameters, gradients and optimizer state to host RAM and back
+(`--fsdp_enable_offload`); frozen models (reference, reward) with `--ref_reward_offload` keep their parameters in host
+RAM and visit the device only for their forwards.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,6 +21,7 @@ from rlhfkit.algorithms.entropy import entropy_from_logits
 from rlhfkit.algorithms.kl import kl_loss
 from rlhfkit.algorithms.offpolicy import importance_weights
 from rlhfkit.algorithms.policy_loss import ppo_policy_loss
+from rlhfkit.algorithms.supervised import masked_lm_loss
 from rlhfkit.algorithms.value_loss import value_loss
 from rlhfkit.engine.checkpoint import full_state_dict, load_checkpoint, save_checkpoint, save_hf_folder
 from rlhfkit.engine.distributed import init_distributed
@@ -41,7 +49,7 @@ def micro_batches(batch: dict[str, torch.Tensor], size: int, max_tokens: int | N
 
 
 class ModelWorker:
-    """A rank of a model group. `role` is 'actor', 'ref' or 'critic'."""
+    """A rank of a model group. `role` is 'actor', 'ref', 'critic' or 'reward'."""
 
     def __init__(self, role: str, cfg: dict[str, Any], rank: int, world_size: int, master_addr: str,
                  master_port: int) -> None:
@@ -55,15 +63,28 @@ class ModelWorker:
         self.dist = init_distributed()
         self.engine: TrainEngine | None = None
         self.model = None
+        self.reward_mean, self.reward_std = 0.0, 1.0
+        self.offload_frozen = False
+        self.offloaded = False
         torch.manual_seed(self.cfg.seed + rank)
 
     # ----------------------------------------------------------------- set-up
     def init_model(self, pretrain: str, trainable: bool, total_steps: int = 1, learning_rate: float = 0.0,
-                   scalar_head: bool = False) -> int:
+                   scalar_head: bool = False, reward_model: bool = False) -> int:
+        """Load and shard the model. `scalar_head`: a `score` head (critic: a causal LM gets a fresh one);
+        `reward_model`: a trained scalar checkpoint is required, and with --normalize_reward its stored
+        reward_mean / reward_std are read."""
         from rlhfkit.models.loading import load_causal_lm, load_scalar_model
 
-        model = (load_scalar_model(pretrain, init_from_causal=True) if scalar_head
-                 else load_causal_lm(pretrain, attn_implementation=self.cfg.attn_implementation))
+        attn = self.cfg.attn_implementation
+        if scalar_head or reward_model:
+            model = load_scalar_model(pretrain, init_from_causal=not reward_model, attn_implementation=attn)
+        else:
+            model = load_causal_lm(pretrain, attn_implementation=attn)
+        if reward_model and getattr(self.cfg, "normalize_reward", False):
+            from rlhfkit.rewards.reward_model import reward_stats
+
+            self.reward_mean, self.reward_std = reward_stats(model.config, pretrain)
         if trainable:
             self.engine = TrainEngine(model, self.cfg, self.dist, total_steps, learning_rate)
             self.model = self.engine.model
@@ -71,7 +92,52 @@ class ModelWorker:
             model.requires_grad_(False)
             self.model = shard_model(model, zero_stage=3, device=self.dist.device, param_dtype=self.cfg.param_dtype)
             self.model.eval()
+            self.offload_frozen = bool(getattr(self.cfg, "ref_reward_offload", False)) and self._on_cuda()
+            if self.offload_frozen:
+                self._move_model("cpu")
         return sum(p.numel() for p in model.parameters())
+
+    # ----------------------------------------------------------------- memory between phases
+    def _on_cuda(self) -> bool:
+        # With --adam_offload FSDP2's CPUOffloadPolicy already keeps the state in host RAM.
+        return self.dist.device.type == "cuda" and not self.cfg.adam_offload
+
+    def _move_model(self, device: str | torch.device) -> None:
+        self.model.to(device)  # FSDP2 modules move their sharded parameters (and gradients) with .to()
+        if str(device) == "cpu":
+            torch.cuda.empty_cache()
+
+    def offload_states(self) -> bool:
+        """Trainer state (parameters, gradients, optimizer state) to host RAM. Returns whether anything moved:
+        False on CPU, where it already lives there (--fsdp_enable_offload is then a no-op)."""
+        if not self._on_cuda() or self.offloaded:
+            return False
+        if self.engine is not None:
+            _move_optimizer_state(self.engine.optimizer, "cpu")
+        self._move_model("cpu")
+        self.offloaded = True
+        return True
+
+    def reload_states(self) -> bool:
+        """Undo `offload_states`."""
+        if not self.offloaded:
+            return False
+        self._move_model(self.dist.device)
+        if self.engine is not None:
+            _move_optimizer_state(self.engine.optimizer, self.dist.device)
+        self.offloaded = False
+        return True
+
+    @contextlib.contextmanager
+    def _frozen_on_device(self) -> Iterator[None]:
+        """--ref_reward_offload: the frozen model visits the device for one forward pass (CUDA only)."""
+        if self.offload_frozen:
+            self._move_model(self.dist.device)
+        try:
+            yield
+        finally:
+            if self.offload_frozen:
+                self._move_model("cpu")
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.dist.device) for k, v in batch.items()}
@@ -80,8 +146,10 @@ class ModelWorker:
     def _action_log_probs(self, mb: dict[str, torch.Tensor], with_entropy: bool = False):
         seq, mask = mb["sequences"], mb["attention_mask"]
         width = mb["action_mask"].shape[1]
-        logits = self.model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask)).logits
-        logits = logits[:, -width - 1:-1].float() / self.cfg.temperature
+        # Only the positions that predict response tokens need the (vocab-sized) LM head.
+        logits = self.model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask),
+                            logits_to_keep=width + 1).logits
+        logits = logits[:, :-1].float() / self.cfg.temperature
         log_probs = log_probs_from_logits(logits, seq[:, -width:])
         entropy = entropy_from_logits(logits.detach()) if with_entropy else None
         return log_probs, entropy
@@ -90,8 +158,24 @@ class ModelWorker:
     def log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per-token log-probs of the response tokens, [B, R] (sampling temperature applied to the logits)."""
         self.model.eval()
-        out = [self._action_log_probs(self._to_device(mb))[0].cpu()
-               for mb in micro_batches(batch, self.cfg.micro_rollout_batch_size)]
+        with self._frozen_on_device():
+            out = [self._action_log_probs(self._to_device(mb))[0].cpu()
+                   for mb in micro_batches(batch, self.cfg.micro_rollout_batch_size)]
+        return torch.cat(out)
+
+    @torch.no_grad()
+    def rewards(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Reward model: the `score` head at the last real token of each row (`sequences` / `attention_mask`, any
+        padding side), normalised with the stored statistics under --normalize_reward. Float32 [B]."""
+        from rlhfkit.models.loading import scalar_outputs
+
+        self.model.eval()
+        out = []
+        with self._frozen_on_device():
+            for mb in micro_batches(batch, self.cfg.micro_rollout_batch_size):
+                mb = self._to_device(mb)
+                last, _ = scalar_outputs(self.model, mb["sequences"], mb["attention_mask"])
+                out.append(((last.float() - self.reward_mean) / self.reward_std).cpu())
         return torch.cat(out)
 
     def _values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -104,17 +188,21 @@ class ModelWorker:
 
     @torch.no_grad()
     def values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Critic values of the states before each response token, [B, R]."""
         self.model.eval()
         chunks = micro_batches(batch, self.cfg.micro_rollout_batch_size)
         out = [self._values(self._to_device(mb)).cpu() for mb in chunks]
         return torch.cat(out)
 
     # ----------------------------------------------------------------- training
-    def train_policy_step(self, shard: dict[str, torch.Tensor], num_tokens: float) -> dict[str, float]:
+    def train_policy_step(self, shard: dict[str, torch.Tensor], num_tokens: float,
+                          ptx: dict[str, torch.Tensor] | None = None, ptx_tokens: float = 0.0) -> dict[str, float]:
         """One optimizer step of the PPO-family policy loss over this rank's share of a global mini-batch.
 
         loss = policy_loss (token mean over the whole global mini-batch: num_tokens is its token count)
-               + init_kl_coef * kl_loss (with --use_kl_loss) - entropy_loss_coef * entropy.
+               + init_kl_coef * kl_loss (with --use_kl_loss) - entropy_loss_coef * entropy
+               + ptx_coef * LM loss on this rank's share of a --pretrain_data batch (token mean over the global
+                 ptx batch, `ptx_tokens` target tokens), when `ptx` is given.
         FSDP2 averages gradients over ranks, so each rank's loss is scaled by the world size.
         """
         cfg, world = self.cfg, self.dist.world_size
@@ -146,6 +234,14 @@ class ModelWorker:
             sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(loss.detach()) * num_tokens
             sums["entropy"] = sums.get("entropy", 0.0) + float(ent) * num_tokens
             _accumulate(sums, metrics, mask)
+        if ptx is not None:
+            for mb in micro_batches(ptx, cfg.micro_train_batch_size):
+                mb = self._to_device(mb)
+                logits = self.model(input_ids=mb["sequences"], attention_mask=mb["attention_mask"],
+                                    position_ids=position_ids(mb["attention_mask"])).logits
+                lm = masked_lm_loss(logits, mb["sequences"], mb["loss_mask"], num_tokens=max(ptx_tokens, 1.0))
+                (cfg.ptx_coef * lm * world).backward()
+                sums["ptx_loss"] = sums.get("ptx_loss", 0.0) + float(lm.detach()) * num_tokens
         sums["grad_norm"] = self.engine.optimizer_step()
         sums["lr"] = self.engine.lr
         return sums
@@ -184,6 +280,13 @@ class ModelWorker:
         from rlhfkit.models.loading import load_tokenizer
 
         save_hf_folder(self.model, load_tokenizer(tokenizer_spec), out_dir, extra_config)
+
+
+def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: str | torch.device) -> None:
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                state[key] = value.to(device, non_blocking=True)
 
 
 def _accumulate(sums: dict[str, float], metrics: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
