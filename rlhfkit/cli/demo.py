@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.config.parse import flags_to_argv
 from rlhfkit.data.synthetic import arithmetic_rows, write_jsonl
 from rlhfkit.observability.run import default_run_dir
 
@@ -22,8 +23,8 @@ DEMO_FLAGS: dict[str, Any] = {
     "input_key": "input", "label_key": "label", "apply_chat_template": True, "remote_rm_url": "builtin:math",
     "advantage_estimator": "group_norm", "n_samples_per_prompt": 8, "rollout_batch_size": 4,
     "train_batch_size": 32, "micro_train_batch_size": 8, "micro_rollout_batch_size": 16, "generate_max_len": 24,
-    "prompt_max_len": 128, "temperature": 0.7, "actor_learning_rate": 3e-6, "param_dtype": "bf16", "lr_warmup_ratio": 0.0,
-    "init_kl_coef": 0.0, "eval_temperature": 0.6, "eval_n_samples_per_prompt": 4, "vllm_dtype": "bf16",
+    "prompt_max_len": 128, "temperature": 0.7, "actor_learning_rate": 3e-6, "param_dtype": "bf16",
+    "lr_warmup_ratio": 0.0, "init_kl_coef": 0.0, "eval_temperature": 0.6, "eval_n_samples_per_prompt": 4, "vllm_dtype": "bf16",
     "enable_vllm_is_correction": True, "vllm_kv_cache_mb": 1024, "enforce_eager": True, "seed": 42,
 }
 
@@ -46,13 +47,7 @@ def demo_argv(args: argparse.Namespace, run_dir: Path) -> list[str]:
     held_out = write_jsonl(arithmetic_rows(args.eval_prompts, seed=1000, system=SYSTEM), data / "eval.jsonl")
     flags = {**DEMO_FLAGS, "pretrain": args.pretrain, "prompt_data": train, "eval_dataset": held_out,
              "run_dir": str(run_dir), "save_path": str(run_dir / "model"), "rollout_backend": args.rollout_backend}
-    argv: list[str] = []
-    for key, value in flags.items():
-        if value is True:
-            argv.append(f"--{key}")
-        elif value is not False and value is not None:
-            argv += [f"--{key}", str(value)]
-    return argv
+    return flags_to_argv(flags)
 
 
 def summarize(run_dir: Path) -> str:

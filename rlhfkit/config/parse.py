@@ -153,3 +153,19 @@ def parse_config(command: str, groups: list[type], argv: list[str] | None = None
 def config_to_dict(cfg: Any) -> dict[str, Any]:
     """The resolved flags as a plain dict (for manifests and checkpoints)."""
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+
+
+def flags_to_argv(flags: dict[str, Any]) -> list[str]:
+    """{"pretrain": "m", "apply_chat_template": True, "adam_betas": [0.9, 0.95]} -> CLI arguments.
+
+    True gives a bare switch; False and None are left out; lists become several values.
+    """
+    argv: list[str] = []
+    for key, value in flags.items():
+        if value is True:
+            argv.append(f"--{key}")
+        elif isinstance(value, (list, tuple)):
+            argv += [f"--{key}", *map(str, value)]
+        elif value is not None and value is not False:
+            argv += [f"--{key}", str(value)]
+    return argv

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from rlhfkit.cli.sft import main as sft_main
+from rlhfkit.config.parse import flags_to_argv
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -38,13 +39,7 @@ def base_args(model_dir: str, data: str, out: Path, **overrides) -> list[str]:
              "apply_chat_template": True, "max_len": 96, "train_batch_size": 8, "micro_train_batch_size": 4,
              "max_epochs": 1, "learning_rate": 3e-3, "lr_warmup_ratio": 0.0, "seed": 7,
              "run_dir": str(out / "run"), "save_path": str(out / "hf"), **overrides}
-    argv = []
-    for key, value in flags.items():
-        if value is True:
-            argv.append(f"--{key}")
-        elif value is not None and value is not False:
-            argv += [f"--{key}", str(value)]
-    return argv
+    return flags_to_argv(flags)
 
 
 def torchrun(nproc: int, argv: list[str]) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhfkit.config.parse import parse_config
+from rlhfkit.config.parse import flags_to_argv, parse_config
 from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
 from rlhfkit.rl.ppo_trainer import pass_at_k, train_ppo
@@ -30,15 +30,7 @@ def run(model: str, prompts: str, out: Path, engine, **overrides) -> list[dict]:
              "generate_max_len": 8, "prompt_max_len": 128, "actor_learning_rate": 3e-2, "lr_warmup_ratio": 0.0,
              "init_kl_coef": 0.0, "num_episodes": 1, "seed": 5, "run_dir": str(out / "run"),
              "save_path": str(out / "hf"), "ckpt_path": str(out / "ckpt"), **overrides}
-    argv = []
-    for key, value in flags.items():
-        if value is True:
-            argv.append(f"--{key}")
-        elif isinstance(value, (list, tuple)):
-            argv += [f"--{key}", *map(str, value)]
-        elif value is not None and value is not False:
-            argv += [f"--{key}", str(value)]
-    cfg = parse_config("ppo", RL_GROUPS, argv)
+    cfg = parse_config("ppo", RL_GROUPS, flags_to_argv(flags))
     train_ppo(cfg, engines=[engine])
     return [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
 
