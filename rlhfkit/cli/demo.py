@@ -24,7 +24,8 @@ DEMO_FLAGS: dict[str, Any] = {
     "advantage_estimator": "group_norm", "n_samples_per_prompt": 8, "rollout_batch_size": 4,
     "train_batch_size": 32, "micro_train_batch_size": 8, "micro_rollout_batch_size": 16, "generate_max_len": 24,
     "prompt_max_len": 128, "temperature": 0.7, "actor_learning_rate": 3e-6, "param_dtype": "bf16",
-    "lr_warmup_ratio": 0.0, "init_kl_coef": 0.0, "eval_temperature": 0.6, "eval_n_samples_per_prompt": 4, "vllm_dtype": "bf16",
+    "lr_warmup_ratio": 0.0, "init_kl_coef": 0.0, "eval_temperature": 0.6, "eval_n_samples_per_prompt": 4,
+    "vllm_dtype": "bf16",
     "enable_vllm_is_correction": True, "vllm_kv_cache_mb": 1024, "enforce_eager": True, "seed": 42,
 }
 

@@ -58,3 +58,14 @@ def test_contradictory_flags_are_reported():
     cfg = parse_config("sft", GROUPS, ["--dataset", "a.jsonl,b.jsonl", "--dataset_probs", "1.0"])
     with pytest.raises(ConfigError, match="--dataset_probs has 1"):
         validate_common(cfg)
+
+
+def test_flags_to_argv_round_trips_through_the_parser():
+    from rlhfkit.config.parse import flags_to_argv
+
+    argv = flags_to_argv({"pretrain": "m", "apply_chat_template": True, "packing_samples": False,
+                          "output_key": None, "adam_betas": [0.8, 0.9], "max_len": 64})
+    assert argv == ["--pretrain", "m", "--apply_chat_template", "--adam_betas", "0.8", "0.9", "--max_len", "64"]
+    cfg = parse_config("sft", GROUPS, argv)
+    assert (cfg.pretrain, cfg.apply_chat_template, cfg.packing_samples, cfg.adam_betas, cfg.max_len) == \
+        ("m", True, False, [0.8, 0.9], 64)
