@@ -57,6 +57,14 @@ def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def shard_chunks(n: int, rank: int, world: int, micro: int) -> list[list[int]]:
+    """This rank's sample indices (strided) in chunks of at most ``micro``; every rank gets the same number of
+    chunks (trailing ones may be empty)."""
+    mine = list(range(rank, n, world))
+    calls = math.ceil(math.ceil(n / world) / micro)
+    return [mine[c * micro:(c + 1) * micro] for c in range(calls)]
+
+
 def map_sharded(samples: Sequence[Any], micro: int, fn: Callable[[list[Any]], list[Any]],
                 dist_info: DistInfo | None = None) -> list[Any]:
     """``fn`` over ``samples`` in chunks of ``micro``, sharded over the ranks, results gathered on every rank.
@@ -68,11 +76,8 @@ def map_sharded(samples: Sequence[Any], micro: int, fn: Callable[[list[Any]], li
         return []
     rank = dist_info.rank if dist_info else (dist.get_rank() if dist.is_initialized() else 0)
     world = dist_info.world_size if dist_info else (dist.get_world_size() if dist.is_initialized() else 1)
-    mine = list(range(rank, len(samples), world))
-    calls = math.ceil(math.ceil(len(samples) / world) / micro)
     results: dict[int, Any] = {}
-    for c in range(calls):
-        idx = mine[c * micro:(c + 1) * micro]
+    for idx in shard_chunks(len(samples), rank, world, micro):
         out = fn([samples[i] for i in idx] or [samples[0]])
         results.update(zip(idx, out))
     if world > 1:

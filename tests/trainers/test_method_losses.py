@@ -216,3 +216,13 @@ def test_prm_loss_equals_reference_function(policy, tokenizer, soft):
                     torch.tensor([float(y == reward_ids[0]), float(y == reward_ids[1])], dtype=torch.float64)
                 total -= (q * logp).sum()
     assert float(loss) == pytest.approx(float(total), rel=1e-5)
+
+
+@pytest.mark.parametrize("n,world,micro", [(7, 2, 3), (5, 4, 1), (3, 4, 2), (8, 2, 4), (1, 3, 5)])
+def test_shard_chunks_cover_every_sample_once_with_equal_calls_per_rank(n, world, micro):
+    from rlhfkit.trainers.dpo import shard_chunks
+
+    plans = [shard_chunks(n, rank, world, micro) for rank in range(world)]
+    assert len({len(p) for p in plans}) == 1  # same number of (FSDP-collective) forwards on every rank
+    assert sorted(i for p in plans for chunk in p for i in chunk) == list(range(n))
+    assert all(len(chunk) <= micro for p in plans for chunk in p)
