@@ -7,7 +7,7 @@ same placement group, so their ranks share bundles (the hybrid engine layout).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -84,25 +84,56 @@ class ModelGroup:
         Every rank gets at least one row so that FSDP2's collectives line up; with fewer rows than ranks the
         first row is repeated and its extra results dropped.
         """
-        import ray
+        return self.map_rows_async(method, batch, *args).get()
 
+    def map_rows_async(self, method: str, batch: dict[str, torch.Tensor], *args) -> Pending:
+        """`map_rows` without waiting: `.get()` the result."""
         rows = batch["sequences"].shape[0]
         parts = split_rows(rows, self.world_size)
         refs = []
         for worker, part in zip(self.workers, parts):
             index = torch.tensor(part or [0], dtype=torch.long)
             refs.append(getattr(worker, method).remote({k: v[index] for k, v in batch.items()}, *args))
-        outputs = ray.get(refs)
-        return torch.cat([out[:len(part)] for out, part in zip(outputs, parts)])
+        return Pending(refs, lambda outputs: torch.cat([out[:len(part)] for out, part in zip(outputs, parts)]))
 
     def scatter(self, method: str, shards: Sequence[dict[str, torch.Tensor]], *args,
                 per_rank: Sequence[Sequence[Any]] | None = None) -> list[Any]:
         """Call `method(shards[r], *args, *per_rank[r])` on rank r; return every rank's result."""
+        return self.scatter_async(method, shards, *args, per_rank=per_rank).get()
+
+    def scatter_async(self, method: str, shards: Sequence[dict[str, torch.Tensor]], *args,
+                      per_rank: Sequence[Sequence[Any]] | None = None) -> Pending:
+        extras = per_rank if per_rank is not None else [()] * len(self.workers)
+        return Pending([getattr(w, method).remote(s, *args, *extra)
+                        for w, s, extra in zip(self.workers, shards, extras)], list)
+
+
+class Pending:
+    """Results of calls already sent to a group's ranks; `get()` waits and assembles them."""
+
+    def __init__(self, refs: list[Any], assemble: Callable[[list[Any]], Any]) -> None:
+        self.refs, self.assemble = refs, assemble
+
+    def get(self) -> Any:
         import ray
 
-        extras = per_rank if per_rank is not None else [()] * len(self.workers)
-        return ray.get([getattr(w, method).remote(s, *args, *extra)
-                        for w, s, extra in zip(self.workers, shards, extras)])
+        return self.assemble(ray.get(self.refs))
+
+
+def run_side_by_side(calls: Sequence[tuple[ModelGroup, Callable[[], Pending]]]) -> list[Any]:
+    """Run calls on several groups: groups on different placement groups at the same time, groups that share
+    bundles (colocated) one after another, in the given order. `calls`: (group, start) with `start()` sending the
+    work and returning its `Pending`. Returns the results in order."""
+    results: list[Any] = [None] * len(calls)
+    buckets: dict[int, list[int]] = {}
+    for i, (group, _) in enumerate(calls):
+        buckets.setdefault(id(group.placement_group), []).append(i)
+    first = {indices[0]: calls[indices[0]][1]() for indices in buckets.values()}
+    for indices in buckets.values():
+        results[indices[0]] = first[indices[0]].get()
+        for i in indices[1:]:
+            results[i] = calls[i][1]().get()
+    return results
 
 
 def _rendezvous_address() -> tuple[str, int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from rlhfkit.algorithms.kl import compute_kl
 from rlhfkit.algorithms.normalize import masked_mean
 from rlhfkit.algorithms.offpolicy import logprob_mismatch
 from rlhfkit.rl.experience import Experience, build_experience
+from rlhfkit.rl.group import run_side_by_side
 from rlhfkit.rollout.dispatch import generate_on_engines
 from rlhfkit.rollout.types import RolloutSample, SamplingConfig
 
@@ -140,13 +142,19 @@ def fill_log_probs_and_advantages(exp: Experience, cfg: Any, actor: Any, ref: An
     """Trainer log-probs, reference log-probs, values, KL, advantages and returns (in place); returns metrics."""
     began = time.perf_counter()
     batch = model_batch(exp)
-    exp.old_log_probs = actor.map_rows("log_probs", batch)
+    calls = [(actor, partial(actor.map_rows_async, "log_probs", batch))]
+    if ref is not None:
+        calls.append((ref, partial(ref.map_rows_async, "log_probs", batch)))
+    if critic is not None:
+        calls.append((critic, partial(critic.map_rows_async, "values", batch)))
+    results = run_side_by_side(calls)  # separate placement groups: at the same time
+    exp.old_log_probs = results.pop(0)
     mask = exp.action_mask
     if ref is not None:
-        exp.ref_log_probs = ref.map_rows("log_probs", batch)
+        exp.ref_log_probs = results.pop(0)
         exp.kl = compute_kl(exp.old_log_probs, exp.ref_log_probs, mask, cfg.kl_estimator)
     if critic is not None:
-        exp.values = critic.map_rows("values", batch)
+        exp.values = results.pop(0)
     timer.add("log_probs", began)
     kl_coef = 0.0 if (cfg.use_kl_loss or ref is None) else cfg.init_kl_coef
     exp.advantages, exp.returns = compute_advantages_and_returns(

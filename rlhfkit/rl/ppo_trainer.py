@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from rlhfkit.config.parse import ConfigError, config_to_dict
 from rlhfkit.observability.console import print_derived_table, progress_bar
 from rlhfkit.observability.metrics import MetricsLogger
 from rlhfkit.rl.experience import Experience, split_rows
+from rlhfkit.rl.group import run_side_by_side
 from rlhfkit.rl.make_experience import (
     PromptStream,
     Rollout,
@@ -75,11 +77,16 @@ def train_on_experience(s: RLSetup, exp: Experience, step: int) -> dict[str, flo
             mini = exp.select(order[start:start + cfg.train_batch_size])
             num_tokens = float(mini.action_mask.sum().clamp(min=1))
             tensors = mini.tensors()
+            calls = []  # critic and actor train side by side when they do not share bundles
             if s.critic is not None:
-                _add(sums, s.critic.scatter("train_critic_step", _shards(tensors, s.critic.world_size), num_tokens))
+                calls.append((s.critic, partial(s.critic.scatter_async, "train_critic_step",
+                                                _shards(tensors, s.critic.world_size), num_tokens)))
             if step > cfg.freezing_actor_steps:
-                _add(sums, s.actor.scatter("train_policy_step", _shards(tensors, s.actor.world_size), num_tokens,
-                                           per_rank=s.ptx_per_rank(mini.batch_size)))
+                calls.append((s.actor, partial(s.actor.scatter_async, "train_policy_step",
+                                               _shards(tensors, s.actor.world_size), num_tokens,
+                                               per_rank=s.ptx_per_rank(mini.batch_size))))
+            for results in run_side_by_side(calls):
+                _add(sums, results)
             tokens_seen += num_tokens
             updates += 1
     out = {}

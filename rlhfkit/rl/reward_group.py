@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from rlhfkit.rewards.reward_func import RewardFuncSource
 from rlhfkit.rewards.reward_model import RewardModelSource
 from rlhfkit.rewards.sources import BUILTIN_PREFIX, combine, spec_kind, split_specs
 from rlhfkit.rewards.verifiers import get_builtin
+from rlhfkit.rl.group import run_side_by_side
 from rlhfkit.rollout.types import RolloutSample
 
 
@@ -110,9 +112,9 @@ class RolloutRewards:
         outputs: list[RewardOutput] = []
         if self.models:
             batch = reward_batch(samples, self.eos_token_id, self.pad_token_id)
-            for _, group in self.models:
-                rewards = group.map_rows("rewards", batch).float()
-                outputs.append(RewardOutput(rewards, rewards.clone(), {}))
+            calls = [(group, partial(group.map_rows_async, "rewards", batch)) for _, group in self.models]
+            for rewards in run_side_by_side(calls):
+                outputs.append(RewardOutput(rewards.float(), rewards.float().clone(), {}))
         outputs += [source(queries, prompts, labels) for source in self.texts]
         if len(outputs) == 1 and self.weights is None:
             return outputs[0]
