@@ -14,16 +14,29 @@ import torch
 
 from rlhfkit.config.parse import ConfigError, config_to_dict, parse_config
 from rlhfkit.config.rl_options import RL_GROUPS
-from rlhfkit.data.synthetic import write_jsonl
+from rlhfkit.data.synthetic import echo_rows, write_jsonl
 from rlhfkit.rl.colocation import Phases
 from rlhfkit.rl.reward_group import reward_batch
 from rlhfkit.rl.setup import _check_reward_tokenizers, _resume, validate_rl
 from rlhfkit.rollout.types import RolloutSample
-from tests.rl.test_ppo import prompt_file, run, series  # noqa: F401 - prompt_file is a fixture
-from tests.rl.uppercase_rm import train_reward_model
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
+
+
+def _load(name: str):
+    """A helper module of this folder (tests/ is not a package; pytest runs with --import-mode=importlib)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"rl_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_test_ppo = _load("test_ppo")
+run, series = _test_ppo.run, _test_ppo.series
+train_reward_model = _load("uppercase_rm").train_reward_model
 LETTERS = str(HERE / "letters_reward.py")
 LETTERS_KEY = f"reward/{LETTERS}:reward_func/reward"
 RESUME_KEYS = ("rollout/reward_mean", "train/grad_norm", "train/critic_loss", "train/critic_grad_norm",
@@ -40,6 +53,11 @@ def reward_model(tiny_model_dir, tokenizer, tmp_path_factory) -> str:
     return path
 
 
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory) -> str:
+    return write_jsonl(echo_rows(48, seed=3), tmp_path_factory.mktemp("prompts") / "prompts.jsonl")
+
+
 def ppo(model: str, prompts: str, out: Path, engine, reward_model: str, **overrides) -> list[dict]:
     flags = {"advantage_estimator": "gae", "reward_pretrain": reward_model, "remote_rm_url": None,
              "init_kl_coef": 0.01, "critic_learning_rate": 5e-3, **overrides}
@@ -51,7 +69,7 @@ FULL = {"remote_rm_url": LETTERS, "reward_weights": "1,0", "normalize_reward": T
 
 
 @pytest.fixture(scope="module")
-def full_run(tiny_model_dir, prompt_file, rollout_vllm_engine, reward_model, tmp_path_factory):  # noqa: F811
+def full_run(tiny_model_dir, prompt_file, rollout_vllm_engine, reward_model, tmp_path_factory):
     """12 PPO steps on the reward model (normalised); the letters rule rides along with weight 0 (logged, not
     trained on); a checkpoint at step 10."""
     out = tmp_path_factory.mktemp("ppo_full")
@@ -82,7 +100,7 @@ def _rm_key(row: dict) -> str:
     return key[len("reward/rm:"):-len("/reward")]
 
 
-def test_resume_restores_actor_and_critic(full_run, tiny_model_dir, prompt_file, rollout_vllm_engine,  # noqa: F811
+def test_resume_restores_actor_and_critic(full_run, tiny_model_dir, prompt_file, rollout_vllm_engine,
                                           reward_model, tmp_path):
     out, full = full_run
     resumed_dir = tmp_path / "resumed"
@@ -113,7 +131,7 @@ def test_resume_without_the_critic_checkpoint_is_an_error(tmp_path):
             _resume(setup)
 
 
-def test_colocate_actor_ref_with_the_ptx_loss(tiny_model_dir, prompt_file, rollout_vllm_engine,  # noqa: F811
+def test_colocate_actor_ref_with_the_ptx_loss(tiny_model_dir, prompt_file, rollout_vllm_engine,
                                               reward_model, tmp_path):
     """Actor and reference on the same bundles; --pretrain_data adds the LM loss, which falls over two steps."""
     text = write_jsonl([{"text": "the cat sat on the mat and the dog sat on the log"}] * 4, tmp_path / "ptx.jsonl")
@@ -124,7 +142,7 @@ def test_colocate_actor_ref_with_the_ptx_loss(tiny_model_dir, prompt_file, rollo
     assert all("rollout/kl" in r and r["train/grad_norm"] > 0 for r in rows)
 
 
-def test_colocate_critic_reward_with_two_reward_models(tiny_model_dir, prompt_file, rollout_vllm_engine,  # noqa: F811
+def test_colocate_critic_reward_with_two_reward_models(tiny_model_dir, prompt_file, rollout_vllm_engine,
                                                        reward_model, tmp_path):
     """Critic and two reward-model groups on the same bundles, rewards summed; the actor frozen for step 1."""
     rows = ppo(tiny_model_dir, prompt_file, tmp_path, rollout_vllm_engine, f"{reward_model},{reward_model}",
@@ -137,7 +155,7 @@ def test_colocate_critic_reward_with_two_reward_models(tiny_model_dir, prompt_fi
     assert second["train/grad_norm"] > 0
 
 
-def test_colocate_all_models_with_a_serve_rm_reward(tiny_model_dir, prompt_file, rollout_vllm_engine,  # noqa: F811
+def test_colocate_all_models_with_a_serve_rm_reward(tiny_model_dir, prompt_file, rollout_vllm_engine,
                                                     reward_model, tmp_path):
     """Every model on the actor's bundles (the sleep/offload flags accepted, inert on CPU); the reward model is also
     served by `rlhfkit serve-rm` over HTTP on loopback and the two rewards are averaged."""
