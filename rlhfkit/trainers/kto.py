@@ -54,7 +54,7 @@ def attach_mismatched(samples: list[dict], seed: int, max_len: int) -> None:
         prompt = me["input_ids"][:me["prompt_len"]]
         response = other["input_ids"][other["prompt_len"]:]
         ids = (prompt + response)[:max_len]
-        mask = ([0] * len(prompt) + [1] * len(response))[:max_len]
+        mask = ([0] * len(prompt) + list(other["loss_mask"][other["prompt_len"]:]))[:max_len]
         if not any(mask[1:]):  # the prompt fills max_len: keep at least the last response token scored
             ids, mask = ids[:-1] + response[-1:], mask[:-1] + [1]
         me["kl_input_ids"], me["kl_loss_mask"] = ids, mask
