@@ -33,8 +33,16 @@ def compute_dtype(param_dtype: str, device: torch.device) -> torch.dtype:
 
 def shard_model(model: nn.Module, *, zero_stage: int, device: torch.device, param_dtype: str = "auto",
                 cpu_offload: bool = False) -> nn.Module:
-    """Apply FSDP2 in place and return the model (master weights stay fp32; compute in the chosen dtype)."""
+    """Apply FSDP2 in place and return the model (master weights stay fp32; compute in the chosen dtype).
+
+    A single rank with nothing for FSDP2 to do (fp32 compute, no offload) keeps the plain module: there is no
+    one to shard with, and FSDP2's per-layer gather/reduce copies cost 15-20% of an SFT step on a CPU
+    (benchmarks/sft.py). Everything downstream (optimizer, clipping, checkpoints) treats both alike.
+    """
     dtype = compute_dtype(param_dtype, device)
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    if world == 1 and dtype == torch.float32 and not cpu_offload:
+        return model.to(device)
     kwargs: dict = {"reshard_after_forward": zero_stage == 3}
     if dtype != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)

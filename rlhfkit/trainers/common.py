@@ -25,7 +25,9 @@ log = logging.getLogger("rlhfkit")
 
 
 def target_log_probs(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(x_t | x_<t) for t >= 1 and the matching loss mask, both [B, T-1] (float32)."""
+    """log p(x_t | x_<t) for t >= 1 and the matching loss mask, both [B, T-1] (float32), on the model's device."""
+    device = next(model.parameters()).device
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
     logits = model(**model_inputs(batch)).logits[:, :-1]
     log_probs = log_probs_from_logits(logits.float(), batch["input_ids"][:, 1:])
     return log_probs, batch["loss_mask"][:, 1:].to(log_probs.dtype)
