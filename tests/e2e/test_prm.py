@@ -9,21 +9,14 @@ from pathlib import Path
 import pytest
 
 from rlhfkit.cli.prm import main as prm_main
+from rlhfkit.config.parse import flags_to_argv
 from rlhfkit.data.synthetic import process_rows, write_jsonl
 
 pytestmark = pytest.mark.slow
 
 
 def argv(**flags) -> list[str]:
-    out: list[str] = []
-    for key, value in flags.items():
-        if value is True:
-            out.append(f"--{key}")
-        elif isinstance(value, (list, tuple)):
-            out += [f"--{key}", *map(str, value)]
-        elif value is not None and value is not False:
-            out += [f"--{key}", str(value)]
-    return out
+    return flags_to_argv(flags)
 
 
 def evals(run_dir: Path) -> list[dict]:

@@ -10,19 +10,14 @@ import pytest
 import torch
 
 from rlhfkit.cli.rm import main as rm_main
+from rlhfkit.config.parse import flags_to_argv
 from rlhfkit.data.synthetic import preference_rows, write_jsonl
 
 pytestmark = pytest.mark.slow
 
 
 def argv(**flags) -> list[str]:
-    out: list[str] = []
-    for key, value in flags.items():
-        if value is True:
-            out.append(f"--{key}")
-        elif value is not None and value is not False:
-            out += [f"--{key}", str(value)]
-    return out
+    return flags_to_argv(flags)
 
 
 def evals(run_dir: Path) -> list[dict]:
