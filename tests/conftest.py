@@ -55,8 +55,8 @@ ROLLOUT_KV_CACHE_BYTES = 64 * 2**20  # the tiny model needs 1 KiB of KV per toke
 
 
 @pytest.fixture(scope="session")
-def rollout_vllm_engine(ray_cluster, tiny_model_dir):
-    """A `VLLMEngine` Ray actor on the tiny fp32 model (prefix caching on, eager, seed 0)."""
+def vllm_engine_session(ray_cluster, tiny_model_dir):
+    """The session's one `VLLMEngine` Ray actor on the tiny fp32 model (prefix caching on, eager, seed 0)."""
     from rlhfkit.rollout.vllm_engine import create_vllm_engines
 
     start = time.perf_counter()
@@ -74,6 +74,25 @@ def rollout_vllm_engine(ray_cluster, tiny_model_dir):
     print(f"\n[rollout] vLLM engine actor ready in {time.perf_counter() - start:.1f} s")
     yield engine
     ray_cluster.kill(engine)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_weights(tiny_model_dir) -> list:
+    """The tiny model's original weights, as the weight sync sends them."""
+    from rlhfkit.models.loading import load_causal_lm
+    from rlhfkit.rollout.weight_sync import named_weights_for_sync
+
+    return list(named_weights_for_sync(load_causal_lm(tiny_model_dir)))
+
+
+@pytest.fixture
+def rollout_vllm_engine(vllm_engine_session, tiny_model_weights):
+    """The session's vLLM engine holding the tiny model's original weights at the start of every test
+    (RL tests train and sync new weights into it)."""
+    from rlhfkit.rollout.weight_sync import sync_weights
+
+    sync_weights([vllm_engine_session], tiny_model_weights)
+    return vllm_engine_session
 
 
 @pytest.fixture(scope="session")
