@@ -69,11 +69,12 @@ FULL = {"remote_rm_url": LETTERS, "reward_weights": "1,0", "normalize_reward": T
 
 
 @pytest.fixture(scope="module")
-def full_run(tiny_model_dir, prompt_file, rollout_vllm_engine, reward_model, tmp_path_factory):
+def full_run(tiny_model_dir, prompt_file, vllm_engine_session, reward_model, tmp_path_factory):
     """12 PPO steps on the reward model (normalised); the letters rule rides along with weight 0 (logged, not
-    trained on); a checkpoint at step 10."""
+    trained on); a checkpoint at step 10. Module-scoped, so it takes the session engine itself (build_setup
+    syncs this run's initial weights into it)."""
     out = tmp_path_factory.mktemp("ppo_full")
-    return out, ppo(tiny_model_dir, prompt_file, out, rollout_vllm_engine, reward_model, **FULL)
+    return out, ppo(tiny_model_dir, prompt_file, out, vllm_engine_session, reward_model, **FULL)
 
 
 def test_ppo_with_four_models_raises_the_reward_and_lowers_the_value_loss(full_run):
