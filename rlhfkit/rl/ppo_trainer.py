@@ -33,9 +33,8 @@ from rlhfkit.rl.make_experience import (
     select_groups,
     to_experience,
 )
-from rlhfkit.rl.setup import RLSetup, build_setup, save_final
+from rlhfkit.rl.setup import RLSetup, build_setup, push_actor_weights, save_final
 from rlhfkit.rollout.types import SamplingConfig
-from rlhfkit.rollout.weight_sync import sync_weights
 
 log = logging.getLogger("rlhfkit")
 MAX_REFILL_ROUNDS = 8
@@ -123,8 +122,7 @@ def sync_engines(s: RLSetup, timer: Timer) -> dict[str, float]:
     began = time.perf_counter()
     if s.phases is not None:
         s.phases.wake_engines()
-    state = next(sd for sd in s.actor.call("state_dict_for_sync") if sd is not None)
-    stats = sync_weights(s.engines, state.items(), bucket_bytes=s.cfg.weight_sync_bucket_mb << 20)
+    stats = push_actor_weights(s.actor, s.engines, s.cfg)
     timer.add("weight_sync", began)
     return {"sync/bytes": stats.bytes, "sync/buckets": stats.buckets}
 

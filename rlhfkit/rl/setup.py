@@ -25,6 +25,7 @@ from rlhfkit.rl.colocation import Phases
 from rlhfkit.rl.group import ModelGroup, cluster_has_gpus, make_placement_group
 from rlhfkit.rl.make_experience import PromptStream
 from rlhfkit.rl.reward_group import RolloutRewards, model_specs, text_sources
+from rlhfkit.rollout.types import SyncStats
 from rlhfkit.rollout.weight_sync import sync_weights
 
 log = logging.getLogger("rlhfkit")
@@ -373,8 +374,7 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
         if engines is None:
             engines = _engines(cfg, cfg.pretrain, placement)
         else:  # reused engines start from this run's initial weights
-            state = next(sd for sd in actor.call("state_dict_for_sync") if sd is not None)
-            sync_weights(engines, state.items(), bucket_bytes=cfg.weight_sync_bucket_mb << 20)
+            push_actor_weights(actor, engines, cfg)
         reward_fn = build_rewards(cfg, tokenizer, reward_groups, reward_specs)
     except BaseException:
         _abandon(made, placement.owned, engines if owns_engines else None)
@@ -440,9 +440,14 @@ def _resume(s: RLSetup) -> None:
     s.start_step, s.start_cursor = states[0]["step"], states[0]["cursor"]
     if s.ptx is not None:
         s.ptx.cursor = states[0].get("ptx_cursor", 0)
-    state = next(sd for sd in s.actor.call("state_dict_for_sync") if sd is not None)
-    sync_weights(s.engines, state.items(), bucket_bytes=s.cfg.weight_sync_bucket_mb << 20)
+    push_actor_weights(s.actor, s.engines, s.cfg)
     log.info("resumed at step %d (prompt cursor %d); engine weights synced", s.start_step, s.start_cursor)
+
+
+def push_actor_weights(actor: ModelGroup, engines: list[Any], cfg: Any) -> SyncStats:
+    """Gather the actor's full weights (rank 0 returns them) and load them into every rollout engine in place."""
+    state = next(sd for sd in actor.call("state_dict_for_sync") if sd is not None)
+    return sync_weights(engines, state.items(), bucket_bytes=cfg.weight_sync_bucket_mb << 20)
 
 
 def save_final(s: RLSetup) -> None:
