@@ -54,8 +54,13 @@ class Experience:
 
 
 def build_experience(prompt_ids: list[list[int]], response_ids: list[list[int]], rollout_log_probs: list[list[float]],
-                     prompt_index: list[int], pad_token_id: int) -> Experience:
-    """Assemble left-padded prompts + right-padded responses into an Experience."""
+                     prompt_index: list[int], pad_token_id: int,
+                     action_masks: list[list[bool] | None] | None = None) -> Experience:
+    """Assemble left-padded prompts + right-padded responses into an Experience.
+
+    `action_masks[i]` (optional, one per row; None = all True) marks the sampled response tokens; environment
+    tokens of a multi-turn response are False there, so they are attended to but never trained on.
+    """
     if not prompt_ids:
         raise ValueError("build_experience got an empty rollout")
     width_p = max(len(p) for p in prompt_ids)
@@ -73,7 +78,8 @@ def build_experience(prompt_ids: list[list[int]], response_ids: list[list[int]],
         if response:
             sequences[i, width_p:width_p + len(response)] = torch.tensor(response, dtype=torch.long)
             attention[i, width_p:width_p + len(response)] = 1
-            action[i, :len(response)] = True
+            mask = action_masks[i] if action_masks is not None and action_masks[i] is not None else None
+            action[i, :len(response)] = True if mask is None else torch.tensor(mask, dtype=torch.bool)
             logps[i, :len(response)] = torch.tensor(logp, dtype=torch.float32)
     return Experience(sequences=sequences, attention_mask=attention, action_mask=action, rollout_log_probs=logps,
                       prompt_index=torch.tensor(prompt_index, dtype=torch.long))

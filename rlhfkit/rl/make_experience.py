@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
 import torch
 
+from rlhfkit.agents.environment import AgentSpec
+from rlhfkit.agents.executor import run_episodes
 from rlhfkit.algorithms.advantages import compute_advantages_and_returns
 from rlhfkit.algorithms.kl import compute_kl
 from rlhfkit.algorithms.normalize import masked_mean
@@ -64,18 +66,21 @@ class Rollout:
 
 
 def generate_and_score(engines: list[Any], prompts: list[dict[str, Any]], sampling: SamplingConfig,
-                       reward_fn: Callable, tokenizer: Any, timer: Timer, seed_offset: int,
-                       phases: Any | None = None) -> Rollout:
+                       reward_fn: Callable | None, tokenizer: Any, timer: Timer, seed_offset: int,
+                       phases: Any | None = None, agent: AgentSpec | None = None) -> Rollout:
     """Generate n responses per prompt and score them. Rows come back prompt-major.
 
     `reward_fn`: a text reward source `(queries, prompts, labels)`, or an object with `score_rollout(samples,
     queries, prompts, labels)` (`rl.reward_group.RolloutRewards`: reward models read the token ids).
+    `agent` (`--agent_func_path`): multi-turn episodes instead, rewarded by the environment (`reward_fn` unused).
     `phases` (`rl.colocation.Phases`): engines awake for generation, models back on the device for scoring.
     """
     if phases is not None:
         phases.before_generation()
     began = time.perf_counter()
     sampling = sampling.shifted(seed_offset) if sampling.seed is not None else sampling
+    if agent is not None:
+        return _agent_rollout(engines, prompts, sampling, agent, tokenizer, timer, phases)
     samples = generate_on_engines(engines, [p["prompt_ids"] for p in prompts], sampling)
     timer.add("generation", began)
     if phases is not None:
@@ -92,6 +97,18 @@ def generate_and_score(engines: list[Any], prompts: list[dict[str, Any]], sampli
     return Rollout(prompts, samples, out.rewards.float(), out.scores.float(), texts, out.failed, out.extra_logs)
 
 
+def _agent_rollout(engines: list[Any], prompts: list[dict[str, Any]], sampling: SamplingConfig, agent: AgentSpec,
+                   tokenizer: Any, timer: Timer, phases: Any | None) -> Rollout:
+    """Multi-turn episodes (`rlhfkit.agents`); generation and environment time go to the generation and reward
+    stages. The engines stay awake through every turn."""
+    out = run_episodes(engines, prompts, sampling, agent, tokenizer, agent.action_max_len)
+    timer.seconds["generation"] = timer.seconds.get("generation", 0.0) + out.generation_seconds
+    timer.seconds["reward"] = timer.seconds.get("reward", 0.0) + out.environment_seconds
+    if phases is not None:
+        phases.after_generation()
+    return Rollout(prompts, out.samples, out.rewards, out.scores, out.texts, 0, out.extra_logs)
+
+
 def keep_groups(scores: torch.Tensor, n: int, low: float, high: float) -> list[int]:
     """Dynamic filtering: indices of the groups whose mean score lies strictly inside (low, high)."""
     means = scores.view(-1, n).mean(-1)
@@ -104,9 +121,7 @@ def select_groups(rollout: Rollout, groups: list[int], n: int) -> Rollout:
     prompt_map = {g: i for i, g in enumerate(groups)}
     samples = []
     for r in rows:
-        s = rollout.samples[r]
-        samples.append(RolloutSample(prompt_map[s.prompt_index], s.sample_index, s.prompt_ids, s.response_ids,
-                                     s.response_logprobs, s.finish_reason, s.extra))
+        samples.append(replace(rollout.samples[r], prompt_index=prompt_map[rollout.samples[r].prompt_index]))
     return Rollout([rollout.prompts[g] for g in groups], samples, rollout.rewards[index], rollout.scores[index],
                    [rollout.texts[r] for r in rows], rollout.reward_failed, rollout.extra_logs)
 
@@ -114,9 +129,7 @@ def select_groups(rollout: Rollout, groups: list[int], n: int) -> Rollout:
 def merge_rollouts(parts: list[Rollout]) -> Rollout:
     prompts, samples, texts, offset = [], [], [], 0
     for part in parts:
-        for s in part.samples:
-            samples.append(RolloutSample(s.prompt_index + offset, s.sample_index, s.prompt_ids, s.response_ids,
-                                         s.response_logprobs, s.finish_reason, s.extra))
+        samples += [replace(s, prompt_index=s.prompt_index + offset) for s in part.samples]
         prompts += part.prompts
         texts += part.texts
         offset += len(part.prompts)
@@ -127,7 +140,7 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
 def to_experience(rollout: Rollout, pad_token_id: int) -> Experience:
     s = rollout.samples
     exp = build_experience([x.prompt_ids for x in s], [x.response_ids for x in s], [x.response_logprobs for x in s],
-                           [x.prompt_index for x in s], pad_token_id)
+                           [x.prompt_index for x in s], pad_token_id, [x.action_mask for x in s])
     exp.rewards, exp.scores = rollout.rewards, rollout.scores
     exp.info["truncated"] = torch.tensor([x.finish_reason == "length" for x in s], dtype=torch.float32)
     return exp

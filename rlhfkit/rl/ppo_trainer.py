@@ -48,7 +48,8 @@ def collect_rollout(s: RLSetup, stream: PromptStream, sampling: SamplingConfig, 
     while have < cfg.rollout_batch_size:
         offset = stream.cursor
         prompts = stream.take(cfg.rollout_batch_size - have if rounds else cfg.rollout_batch_size)
-        part = generate_and_score(s.engines, prompts, sampling, s.reward_fn, s.tokenizer, timer, offset, s.phases)
+        part = generate_and_score(s.engines, prompts, sampling, s.reward_fn, s.tokenizer, timer, offset, s.phases,
+                                  s.agent)
         seen += len(prompts)
         if cfg.dynamic_filtering:
             low, high = cfg.dynamic_filtering_reward_range
@@ -137,6 +138,10 @@ def rollout_metrics(rollout: Rollout, exp: Experience) -> dict[str, float]:
                "rollout/response_length_max": float(lengths.max()),
                "rollout/truncated_frac": float(exp.info["truncated"].mean()),
                "rollout/reward_failed": float(rollout.reward_failed)}
+    if any(x.action_mask is not None for x in rollout.samples):  # multi-turn agent episodes
+        metrics["rollout/turns_mean"] = sum(x.extra["turns"] for x in rollout.samples) / len(rollout.samples)
+        metrics["rollout/env_tokens_mean"] = sum(x.action_mask.count(False) for x in rollout.samples) / \
+            len(rollout.samples)
     for key, value in rollout.extra_logs.items():
         if isinstance(value, torch.Tensor) and value.numel() and value.dtype.is_floating_point:
             metrics[f"reward/{key}"] = float(value.float().mean())
@@ -156,7 +161,7 @@ def evaluate(s: RLSetup, step: int) -> dict[str, float]:
     sampling = SamplingConfig(temperature=cfg.eval_temperature, top_p=1.0, max_new_tokens=cfg.generate_max_len, n=n,
                               seed=cfg.seed + 99991, stop_token_ids=tuple(s.stop_ids))
     rollout = generate_and_score(s.engines, s.eval_prompts, sampling, s.reward_fn, s.tokenizer, Timer(), 0,
-                                 s.phases)
+                                 s.phases, s.agent)
     correct = (rollout.scores.view(-1, n) > 0).sum(-1).tolist()
     out = {"eval/reward_mean": float(rollout.rewards.mean()), "eval/score_mean": float(rollout.scores.mean())}
     for k in sorted({1, n}):

@@ -96,6 +96,9 @@ class RolloutSample:
     `response_logprobs[t]` is the sampling log-prob of `response_ids[t]` (see the module docstring).
     `finish_reason` is "stop" when the response ended on EOS or a stop token id (which is kept as the last
     response token), "length" when it hit `max_new_tokens`.
+    `action_mask[t]` is False where `response_ids[t]` was written by an environment, not sampled (multi-turn
+    agents, `rlhfkit.agents`): those tokens are context for the next turn, masked from the loss, and their
+    `response_logprobs` are 0. None means every response token was sampled.
     """
 
     prompt_index: int
@@ -105,11 +108,16 @@ class RolloutSample:
     response_logprobs: list[float]
     finish_reason: FinishReason
     extra: dict[str, Any] = field(default_factory=dict)
+    action_mask: list[bool] | None = None
 
     def __post_init__(self) -> None:
         if len(self.response_ids) != len(self.response_logprobs):
             raise ValueError(
                 f"RolloutSample: {len(self.response_ids)} response ids but {len(self.response_logprobs)} log-probs"
+            )
+        if self.action_mask is not None and len(self.action_mask) != len(self.response_ids):
+            raise ValueError(
+                f"RolloutSample: {len(self.response_ids)} response ids but an action_mask of {len(self.action_mask)}"
             )
 
 
@@ -129,6 +137,8 @@ class RolloutEngine(Protocol):
 
     Weight updates are streamed: `begin_weight_update`, then `load_weight_bucket` once per bucket (names are HF
     names, tensors are full/unsharded), then `finish_weight_update` (which also resets the prefix cache).
+    Over a torch.distributed broadcast (`rlhfkit.rollout.weight_broadcast`) the engine first joins the sender's
+    group (`weight_sync_info`, `join_weight_group`) and each bucket arrives by `receive_weight_bucket(meta)`.
     """
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[RolloutSample]: ...
@@ -140,3 +150,12 @@ class RolloutEngine(Protocol):
     def load_weight_bucket(self, named_tensors: NamedTensors) -> int: ...
 
     def finish_weight_update(self) -> None: ...
+
+    def weight_sync_info(self) -> dict[str, Any]: ...
+
+    def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str,
+                          timeout_s: float) -> list[int]: ...
+
+    def receive_weight_bucket(self, meta: list) -> int: ...
+
+    def leave_weight_group(self) -> None: ...
