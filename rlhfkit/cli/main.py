@@ -17,6 +17,7 @@ COMMANDS = {
     "kd": "knowledge distillation from a teacher model, mixed with SFT",
     "prm": "process reward model: a reward token at every step placeholder",
     "ppo": "online RL on Ray + vLLM: PPO, REINFORCE++, GRPO, Dr. GRPO, RLOO",
+    "batch-inference": "generate / score in batch; rejection sampling, conditional SFT and iterative DPO data",
     "serve-rm": "serve a reward model or reward function over HTTP",
     "report": "write RUN_DIR/report.html: plots, samples and the reproduce command of a run",
 }

@@ -130,6 +130,12 @@ def load_tokenizer(
     return tokenizer
 
 
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Token ids that end a response: the tokenizer's EOS and, for ChatML templates, `<|im_end|>`."""
+    candidates = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    return sorted({i for i in candidates if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id})
+
+
 def load_causal_lm(
     spec: str,
     *,
