@@ -15,26 +15,32 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "examples").glob("*.sh"))
 
 
-def command_of(script: Path) -> tuple[str, list[str]]:
-    """The `.venv/bin/rlhfkit CMD ...` invocation of a script, continuation lines joined, shell variables filled."""
+def commands_of(script: Path) -> list[tuple[str, list[str]]]:
+    """Every `.venv/bin/rlhfkit CMD ...` invocation of a script, continuation lines joined; shell variables become
+    "1" (a number fits every flag they fill)."""
     text = script.read_text().replace("\\\n", " ")
-    [line] = [ln for ln in text.splitlines() if ln.startswith(".venv/bin/rlhfkit ")]
-    line = line.replace('"$@"', "").replace('"$RUN', '"runs/x').replace('"$MODEL"', "tiny-model")
-    tokens = shlex.split(line)
-    return tokens[1], tokens[2:]
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(".venv/bin/rlhfkit "):
+            tokens = shlex.split(re.sub(r"\$\{?\w+\}?", "1", line.replace('"$@"', "")))
+            out.append((tokens[1], tokens[2:]))
+    assert out, f"{script.name} runs no rlhfkit command"
+    return out
 
 
 def test_there_is_a_launch_script_per_online_and_offline_method():
-    commands = {command_of(s)[0] for s in SCRIPTS}
-    assert {"ppo", "rm", "dpo", "kto", "kd", "prm"} <= commands
-    assert any("--agent_func_path" in command_of(s)[1] for s in SCRIPTS)
+    commands = {cmd for s in SCRIPTS for cmd, _ in commands_of(s)}
+    assert {"ppo", "rm", "dpo", "kto", "kd", "prm", "sft", "batch-inference"} <= commands
+    assert any("--agent_func_path" in argv for s in SCRIPTS for _, argv in commands_of(s))
+    assert any("iter_dpo" in argv for s in SCRIPTS for _, argv in commands_of(s))
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_launch_script_flags_parse_and_name_existing_files(script):
-    command, argv = command_of(script)
-    module = importlib.import_module(f"rlhfkit.cli.{command}")
-    cfg = parse_config(command, module.GROUPS, argv)
-    for value in vars(cfg).values():
-        if isinstance(value, str) and re.match(r"^examples/", value):
-            assert (ROOT / value).is_file(), f"{script.name} names {value}, which does not exist"
+    for command, argv in commands_of(script):
+        module = importlib.import_module(f"rlhfkit.cli.{command.replace('-', '_')}")
+        cfg = parse_config(command, module.GROUPS, argv)
+        for value in vars(cfg).values():
+            if isinstance(value, str) and re.match(r"^examples/", value):
+                assert (ROOT / value).is_file(), f"{script.name} names {value}, which does not exist"
