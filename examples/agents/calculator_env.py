@@ -42,8 +42,10 @@ def calculate(expression):
         return f"error: {err}"
 
 
-def user_turn(text):
-    return f"<|im_end|>\n<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+def user_turn(text, states):
+    """A ChatML user turn; the end-of-turn marker first when the action was cut before it wrote one."""
+    end = "" if states.get("finish_reason") == "stop" else "<|im_end|>"
+    return f"{end}\n<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
 class AgentInstance:
@@ -55,7 +57,7 @@ class AgentInstance:
         if call is not None and self.calls < MAX_CALLS:
             self.calls += 1
             return {"rewards": 0.0, "scores": 0.0, "done": False,
-                    "environment_feedback": user_turn(f"<result>{calculate(call.group(1))}</result>"),
+                    "environment_feedback": user_turn(f"<result>{calculate(call.group(1))}</result>", states),
                     "extra_logs": {"tool_calls": float(self.calls)}}
         correct = math_equal(extract_answer(CALL.sub("", states["action_text"])), states["label"])
         reward = float(correct) - TOOL_COST * self.calls

@@ -12,8 +12,13 @@ never trained on. `reset` is optional; `step` may be sync or async (async steps 
 from rlhfkit.rewards.verifiers import extract_answer, math_equal
 
 MAX_ATTEMPTS = 3
-RETRY = "<|im_end|>\n<|im_start|>user\nThat is not right. Try again: reply with only the number.<|im_end|>\n" \
+RETRY = "\n<|im_start|>user\nThat is not right. Try again: reply with only the number.<|im_end|>\n" \
         "<|im_start|>assistant\n"
+
+
+def end_of_turn(states):
+    """The end-of-turn marker when the action was cut before it wrote one (ChatML)."""
+    return "" if states.get("finish_reason") == "stop" else "<|im_end|>"
 
 
 class AgentInstance:
@@ -31,7 +36,7 @@ class AgentInstance:
         return {
             "rewards": reward,                      # the last step's reward is the episode's reward
             "scores": float(correct),               # pass@k and dynamic filtering use scores
-            "environment_feedback": "" if done else RETRY,
+            "environment_feedback": "" if done else end_of_turn(states) + RETRY,
             "done": done,
             "extra_logs": {"attempts": float(self.attempts), "solved": float(correct)},
         }

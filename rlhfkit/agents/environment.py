@@ -15,10 +15,12 @@ The shape OpenRLHF users already write::
 
 `reset` gets `{"observation": prompt text, "label": label}`. `step` gets, after every action,
 `{"observation_text": the episode so far (prompt + every earlier action and feedback), "action_text": this action,
-"label": label, "turn": 0-based turn}`. It must return `done` (bool) and `rewards` (a finite number); `scores`
-defaults to `rewards`, `environment_feedback` to `""`, `extra_logs` to `{}`. The reward of an episode is the one
-returned by its last `step`. `environment_feedback` is tokenised once (no special tokens added; chat-template
-markers written in it are parsed) and appended to the context of the next turn, masked from the loss.
+"label": label, "turn": 0-based turn, "finish_reason": "stop" when the action ended on a stop token (kept
+in the context, e.g. `<|im_end|>`), "length" when it was cut at a length cap}`. It must return `done` (bool)
+and `rewards` (a finite number); `scores` defaults to `rewards`, `environment_feedback` to `""`, `extra_logs` to
+`{}`. The reward of an episode is the one returned by its last `step`. `environment_feedback` is tokenised once
+(no special tokens added; chat-template markers written in it are parsed) and appended to the context of the next
+turn, masked from the loss.
 
 Anything else (no `AgentInstance`, a missing key, a NaN reward, an exception) stops the run with an error naming
 the file, the method, the episode and the turn.

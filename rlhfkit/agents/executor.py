@@ -47,6 +47,7 @@ class Episode:
     logprobs: list[float] = field(default_factory=list)
     mask: list[bool] = field(default_factory=list)
     last_action: list[int] = field(default_factory=list)
+    last_action_stopped: bool = False    # the last action ended on a stop token (else it was cut at a length cap)
     turns: int = 0
     done: bool = False
     finish: FinishReason = "stop"
@@ -118,6 +119,7 @@ def _act(engines: Sequence[Any], running: list[Episode], sampling: SamplingConfi
     for e, sample, cap in zip(running, samples, caps):
         ids, logprobs = sample.response_ids[:cap], sample.response_logprobs[:cap]
         stopped = sample.finish_reason == "stop" and len(sample.response_ids) <= cap
+        e.last_action_stopped = stopped
         if len(e.tokens) + len(ids) >= budget and not stopped:
             e.finish = "length"
         e.tokens += ids
@@ -132,7 +134,7 @@ def _respond(running: list[Episode], agent: AgentSpec, tokenizer: Any, budget: i
     for e in running:
         states = {"observation_text": e.transcript,
                   "action_text": tokenizer.decode(e.last_action, skip_special_tokens=True),
-                  "label": e.label, "turn": turn}
+                  "label": e.label, "turn": turn, "finish_reason": "stop" if e.last_action_stopped else "length"}
         calls.append((e.instance, states, e.row, turn))
     for e, result in zip(running, call_all(agent, "step", calls)):
         e.result = parse_step(agent, result, e.row, turn)

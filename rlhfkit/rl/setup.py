@@ -25,8 +25,7 @@ from rlhfkit.rl.colocation import Phases
 from rlhfkit.rl.group import ModelGroup, cluster_has_gpus, make_placement_group
 from rlhfkit.rl.make_experience import PromptStream
 from rlhfkit.rl.reward_group import RolloutRewards, model_specs, text_sources
-from rlhfkit.rollout.types import SyncStats
-from rlhfkit.rollout.weight_sync import sync_weights
+from rlhfkit.rl.weight_push import push_actor_weights, resolve_sync_backend
 
 log = logging.getLogger("rlhfkit")
 
@@ -136,8 +135,6 @@ def validate_rl(cfg: Any) -> None:
     if cfg.top_p < 1.0:
         log.warning("--top_p %s < 1: the trainer's log-probs do not model the truncated sampling distribution",
                     cfg.top_p)
-    if cfg.vllm_sync_backend == "nccl":
-        raise ConfigError("--vllm_sync_backend nccl is not available yet; use ray (the object store)")
     if cfg.reward_weights is not None:
         try:
             [float(w) for w in cfg.reward_weights.split(",")]
@@ -341,6 +338,7 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
     """Everything a run needs. `engines`: already-running rollout engines to reuse (tests, notebooks)."""
     validate_rl(cfg)
     owns_ray = start_ray(cfg)
+    cfg.vllm_sync_backend = resolve_sync_backend(cfg.vllm_sync_backend, cluster_has_gpus(), cfg.colocate_all_models)
     prepare_run_dir(cfg, True, _world(cfg, "actor"))
     cfg.pretrain = resolve_pretrain(cfg.pretrain)
     tokenizer = load_tokenizer(cfg.pretrain)
@@ -389,7 +387,8 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
                  "critic": critic.world_size if critic else "off",
                  "reward models": ", ".join(f"{g.world_size} x {spec}" for spec, g in zip(reward_specs, reward_groups))
                  or "none", "reward": reward_fn.name, "placement": _layout(cfg),
-                 "rollout engines": len(engines), "backend": cfg.rollout_backend, "prompts": len(prompts),
+                 "rollout engines": len(engines), "backend": cfg.rollout_backend,
+                 "weight sync": cfg.vllm_sync_backend, "prompts": len(prompts),
                  "eval prompts": len(eval_prompts), "samples per step": buffer,
                  "optimizer steps per rollout": updates // max(1, total_steps), "total steps": total_steps,
                  "estimator": cfg.advantage_estimator}
@@ -442,12 +441,6 @@ def _resume(s: RLSetup) -> None:
         s.ptx.cursor = states[0].get("ptx_cursor", 0)
     push_actor_weights(s.actor, s.engines, s.cfg)
     log.info("resumed at step %d (prompt cursor %d); engine weights synced", s.start_step, s.start_cursor)
-
-
-def push_actor_weights(actor: ModelGroup, engines: list[Any], cfg: Any) -> SyncStats:
-    """Gather the actor's full weights (rank 0 returns them) and load them into every rollout engine in place."""
-    state = next(sd for sd in actor.call("state_dict_for_sync") if sd is not None)
-    return sync_weights(engines, state.items(), bucket_bytes=cfg.weight_sync_bucket_mb << 20)
 
 
 def save_final(s: RLSetup) -> None:

@@ -23,12 +23,13 @@ from rlhfkit.algorithms.offpolicy import importance_weights
 from rlhfkit.algorithms.policy_loss import ppo_policy_loss
 from rlhfkit.algorithms.supervised import masked_lm_loss
 from rlhfkit.algorithms.value_loss import value_loss
-from rlhfkit.engine.checkpoint import full_state_dict, load_checkpoint, save_checkpoint, save_hf_folder
+from rlhfkit.engine.checkpoint import load_checkpoint, save_checkpoint, save_hf_folder
 from rlhfkit.engine.distributed import init_distributed
 from rlhfkit.engine.fsdp import shard_model
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.models.logprobs import log_probs_from_logits
 from rlhfkit.rl.experience import position_ids
+from rlhfkit.rollout.types import SyncStats
 
 
 def micro_batches(batch: dict[str, torch.Tensor], size: int, max_tokens: int | None = None) -> list[dict]:
@@ -66,6 +67,7 @@ class ModelWorker:
         self.reward_mean, self.reward_std = 0.0, 1.0
         self.offload_frozen = False
         self.offloaded = False
+        self.weight_sender: Any = None  # rank 0 of the actor: a WeightBroadcaster (--vllm_sync_backend gloo|nccl)
         torch.manual_seed(self.cfg.seed + rank)
 
     # ----------------------------------------------------------------- set-up
@@ -265,9 +267,34 @@ class ModelWorker:
 
     # ----------------------------------------------------------------- weights and checkpoints
     def state_dict_for_sync(self) -> dict[str, torch.Tensor] | None:
-        """Full (unsharded) weights; collective, rank 0 returns them, other ranks None."""
-        state = full_state_dict(self.model)
-        return state if self.dist.rank == 0 else None
+        """Full (unsharded) parameters on CPU, tied ones once (what the broadcast sends too); collective, rank 0
+        returns them, other ranks None."""
+        named = _full_named_parameters(self.model)
+        if self.dist.rank != 0:
+            return _drain(named)
+        return {name: tensor.cpu() for name, tensor in named}
+
+    def join_weight_group(self, engines: list[Any], backend: str) -> bool:
+        """Rank 0 builds the broadcast weight group with `engines` (Ray actor handles), once: a call with the same
+        engines and backend reuses it. Other ranks do nothing. Returns whether a group was built."""
+        from rlhfkit.rollout.weight_broadcast import WeightBroadcaster
+
+        sender = self.weight_sender
+        if self.dist.rank != 0 or (sender is not None and sender.group is not None
+                                   and sender.engines == list(engines) and sender.backend == backend):
+            return False
+        if sender is not None:
+            sender.close()
+        self.weight_sender = WeightBroadcaster(engines, backend)
+        return True
+
+    def broadcast_weights(self, bucket_bytes: int) -> SyncStats | None:
+        """Collective: every rank gathers the full parameters one at a time (FSDP2 all-gather); rank 0 broadcasts
+        them to the engines over the weight group (`join_weight_group` first) and returns the `SyncStats`."""
+        named = _full_named_parameters(self.model)
+        if self.dist.rank != 0:
+            return _drain(named)
+        return self.weight_sender.sync(named, bucket_bytes)
 
     def save_checkpoint(self, path: str, step: int, trainer_state: dict[str, Any], max_keep: int) -> str:
         return str(save_checkpoint(path, step, self.model, self.engine.optimizer, self.engine.scheduler,
@@ -280,6 +307,26 @@ class ModelWorker:
         from rlhfkit.models.loading import load_tokenizer
 
         save_hf_folder(self.model, load_tokenizer(tokenizer_spec), out_dir, extra_config)
+
+
+def _full_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) per parameter, tied ones once; gathering a sharded (DTensor) one is a collective, so
+    every rank must consume this to the end. CPU-offloaded shards visit the mesh's device for the gather."""
+    from torch.distributed.tensor import DTensor
+
+    for name, param in model.named_parameters():
+        tensor = param.detach()
+        if isinstance(tensor, DTensor):
+            if tensor.device.type != tensor.device_mesh.device_type:
+                tensor = tensor.to(tensor.device_mesh.device_type)
+            tensor = tensor.full_tensor()
+        yield name, tensor
+
+
+def _drain(named: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Take part in every gather of `_full_named_parameters` (ranks other than 0 keep nothing)."""
+    for _ in named:
+        pass
 
 
 def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: str | torch.device) -> None:

@@ -6,7 +6,8 @@ Cheap to import: vLLM, Ray and transformers are imported where they are used.
 - `vllm_engine`: `VLLMEngine`, `create_vllm_engines`
 - `hf_engine`: `HFEngine`, `create_hf_engines`
 - `dispatch`: `generate_on_engines` (contiguous shards over engine actors, results in order)
-- `weight_sync`: `sync_weights`, `named_weights_for_sync`
+- `weight_sync`: `sync_weights`, `named_weights_for_sync` (transports: ray object store, gloo/nccl broadcast)
+- `weight_broadcast`: `WeightBroadcaster` (the sender of a reusable gloo/nccl broadcast group), `WeightGroupMember`
 - `worker_ext`: `WeightReloadExtension` (vLLM worker extension; not imported directly by users)
 """
 

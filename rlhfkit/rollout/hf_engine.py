@@ -107,6 +107,34 @@ class HFEngine:
     def finish_weight_update(self) -> None:
         """Nothing to finish: there is no cache that outlives a `generate` call."""
 
+    # ---- weight sync over a torch.distributed broadcast (--vllm_sync_backend gloo|nccl), see weight_broadcast
+    def weight_sync_info(self) -> dict[str, Any]:
+        """How many group ranks this engine takes (one: it is a single process) and whether it has CUDA."""
+        return {"workers": 1, "cuda": self.device.type == "cuda"}
+
+    def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str,
+                          timeout_s: float) -> list[int]:
+        """Join the sender's weight group as rank `rank_offset` (replacing any earlier group); returns [rank]."""
+        from rlhfkit.rollout.weight_broadcast import WeightGroupMember
+
+        self.leave_weight_group()
+        self._weight_member = WeightGroupMember(host, port, rank_offset, world_size, backend, timeout_s)
+        return [rank_offset]
+
+    def receive_weight_bucket(self, meta: list) -> int:
+        """Receive one broadcast bucket (names, shapes, dtypes in `meta`) and load it like `load_weight_bucket`."""
+        member = getattr(self, "_weight_member", None)
+        if member is None:
+            raise RuntimeError("receive_weight_bucket before join_weight_group: the sender must build the group")
+        return self.load_weight_bucket(member.receive(meta))
+
+    def leave_weight_group(self) -> None:
+        """Drop this engine's side of the weight group (no-op when not in one)."""
+        member = getattr(self, "_weight_member", None)
+        if member is not None:
+            member.close()
+        self._weight_member = None
+
 
 def _eos_ids(model: Any) -> list[int]:
     ids: set[int] = set()

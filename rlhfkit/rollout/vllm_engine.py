@@ -44,6 +44,7 @@ class VLLMEngine:
         from vllm import LLM
 
         self.enable_prefix_caching = enable_prefix_caching
+        self.tensor_parallel_size = tensor_parallel_size
         import torch
 
         # vLLM's CPU backend crashes on seeded requests whose prompt is prefilled in chunks ("CPU Generator does
@@ -109,6 +110,27 @@ class VLLMEngine:
         self.llm.collective_rpc("rlhf_finish_weight_update")
         if self.enable_prefix_caching:
             self.reset_prefix_cache()
+
+    # ---- weight sync over a torch.distributed broadcast (--vllm_sync_backend gloo|nccl), see weight_broadcast
+    def weight_sync_info(self) -> dict[str, Any]:
+        """How many group ranks this engine takes (its tensor-parallel workers) and whether it runs on CUDA."""
+        import torch
+
+        return {"workers": self.tensor_parallel_size, "cuda": torch.cuda.is_available()}
+
+    def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str,
+                          timeout_s: float) -> list[int]:
+        """Every worker joins the sender's weight group as rank `rank_offset + tp_rank`; returns their ranks."""
+        return self.llm.collective_rpc("rlhf_join_weight_group",
+                                       args=(host, port, rank_offset, world_size, backend, timeout_s))
+
+    def receive_weight_bucket(self, meta: list) -> int:
+        """Every worker receives one broadcast bucket and loads it (as `load_weight_bucket` does)."""
+        return self.llm.collective_rpc("rlhf_receive_weight_bucket", args=(meta,))[0]
+
+    def leave_weight_group(self) -> None:
+        """Every worker drops its side of the weight group."""
+        self.llm.collective_rpc("rlhf_leave_weight_group")
 
     def reset_prefix_cache(self) -> bool:
         """Drop all cached prefix blocks (call after the weights changed)."""

@@ -1,10 +1,17 @@
 """Trainer -> rollout engines weight sync: full (unsharded) HF-named tensors, in size-bounded buckets, in place.
 
-Transport on CPU (and the default): Ray's object store. Each bucket is `ray.put` once and the same ref goes to
-every engine, so the bytes are serialised once per bucket whatever the number of engines; at most one bucket is
-in flight, so the extra memory is one bucket. On GPU, OpenRLHF broadcasts each bucket over an NCCL group
-spanning trainer rank 0 and every vLLM worker (`--vllm_sync_backend nccl`); that transport is not written yet
-(`transport="nccl"` raises, see `_NCCL_TODO`).
+Every transport drives the same in-place update on each engine: `begin_weight_update`, one load per bucket,
+`finish_weight_update` (vLLM: layerwise reload, tied modules re-processed, prefix cache reset). Transports
+(`--vllm_sync_backend`):
+
+- `ray`: the object store. Each bucket is `ray.put` once and the same ref goes to every engine, so the bytes are
+  serialised once per bucket whatever the number of engines; at most one bucket is in flight. In the RL loop the
+  trainer's rank 0 first returns its whole state dict to the driver, which buckets it (`sync_weights` here).
+- `gloo` / `nccl`: a torch.distributed broadcast from the sender (trainer rank 0) into every engine worker, over
+  a group of its own built once and reused (`rlhfkit.rollout.weight_broadcast.WeightBroadcaster`; OpenRLHF's
+  GPU transport). nccl needs CUDA everywhere and cannot connect two processes on one GPU (colocated engines);
+  gloo works on CPU and GPU. `sync_weights(..., transport="gloo")` builds a one-shot group (for repeated syncs
+  keep a `WeightBroadcaster`).
 
 Names: HF and vLLM use the same parameter names for Llama-family models (vLLM fuses q/k/v and gate/up while
 loading), so the mapping is the identity. Tied weights are sent once: `named_weights_for_sync` walks
@@ -23,10 +30,7 @@ import torch
 from rlhfkit.rollout.types import NamedTensors, SyncStats
 
 DEFAULT_BUCKET_BYTES = 64 * 2**20  # --weight_sync_bucket_mb
-_NCCL_TODO = (
-    "weight sync over NCCL (--vllm_sync_backend nccl) is not implemented yet; use the Ray object store transport "
-    "(--vllm_sync_with_ray), which works on CPU and GPU"
-)
+TRANSPORTS = ("ray", "gloo", "nccl")
 
 
 def named_weights_for_sync(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -40,17 +44,20 @@ def hf_to_vllm_name(name: str) -> str:
     return name
 
 
-def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[NamedTensors]:
+def iter_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, device: str | torch.device = "cpu"
+) -> Iterator[NamedTensors]:
     """Group (name, tensor) pairs, in order, into buckets of at most `bucket_bytes` (a larger tensor goes alone).
 
-    Tensors are detached, moved to CPU and made contiguous (they will be pickled into the object store).
+    Tensors are detached, moved to `device` (CPU: they will be pickled into the object store or sent by gloo) and
+    made contiguous.
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
     bucket: NamedTensors = []
     size = 0
     for name, tensor in named_tensors:
-        tensor = tensor.detach().to("cpu").contiguous()
+        tensor = tensor.detach().to(device).contiguous()
         nbytes = tensor.numel() * tensor.element_size()
         if bucket and size + nbytes > bucket_bytes:
             yield bucket
@@ -73,14 +80,21 @@ def sync_weights(
     `engines` are rollout engine Ray actors (vLLM or HF). Each engine enters update mode, loads every bucket,
     then finishes the update (vLLM: processes pending layers and resets the prefix cache when enabled).
     `named_tensors` is consumed lazily, one bucket at a time: with FSDP2 pass, on the rank that syncs, a
-    generator that gathers one full tensor at a time.
+    generator that gathers one full tensor at a time. `transport` "gloo"/"nccl" builds a broadcast group for this
+    one sync and closes it (see `WeightBroadcaster` to keep one).
     """
     import ray
 
-    if transport == "nccl":
-        raise NotImplementedError(_NCCL_TODO)
+    if transport not in TRANSPORTS:
+        raise ValueError(f"unknown weight sync transport {transport!r}; expected one of {TRANSPORTS}")
     if transport != "ray":
-        raise ValueError(f"unknown weight sync transport {transport!r}; expected 'ray' (or 'nccl', not yet written)")
+        from rlhfkit.rollout.weight_broadcast import WeightBroadcaster
+
+        sender = WeightBroadcaster(engines, transport)
+        try:
+            return sender.sync(named_tensors, bucket_bytes)
+        finally:
+            sender.close()
     start = time.perf_counter()
     ray.get([e.begin_weight_update.remote() for e in engines])
     total_bytes = buckets = tensors = 0

@@ -15,6 +15,10 @@ the other module is never "loaded" and layerwise reload does not re-run its post
 processing packs `lm_head`'s GEMM weights into a separate buffer, which would keep the old weights (measured:
 log-probs off by ~0.1 after a sync). `_reprocess_tied_modules` re-runs it for every module sharing a weight.
 
+Weights arrive either as tensors in the call (`rlhf_load_weight_bucket`, the Ray transport) or through a
+torch.distributed broadcast from the trainer (`rlhf_join_weight_group` once, then `rlhf_receive_weight_bucket`
+per bucket: `--vllm_sync_backend gloo|nccl`, see `rlhfkit.rollout.weight_broadcast`); both load the same way.
+
 Method names carry an `rlhf_` prefix so they never
 collide with the worker's own (`update_weights` exists already).
 """
@@ -61,6 +65,32 @@ class WeightReloadExtension:
         runner.reset_mm_cache()
         self._rlhf_loaded = None
         return len(loaded)
+
+    def rlhf_join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str,
+                               timeout_s: float) -> int:
+        """Join the sender's weight group as rank `rank_offset + tp_rank` (replacing any earlier group)."""
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        from rlhfkit.rollout.weight_broadcast import WeightGroupMember
+
+        self.rlhf_leave_weight_group()
+        rank = rank_offset + get_tensor_model_parallel_rank()
+        self._rlhf_weight_member = WeightGroupMember(host, port, rank, world_size, backend, timeout_s)
+        return rank
+
+    def rlhf_receive_weight_bucket(self, meta: list) -> int:
+        """Receive one broadcast bucket (names, shapes, dtypes in `meta`) and load it like `rlhf_load_weight_bucket`."""
+        member = getattr(self, "_rlhf_weight_member", None)
+        if member is None:
+            raise RuntimeError("rlhf_receive_weight_bucket before rlhf_join_weight_group: the sender builds the group")
+        return self.rlhf_load_weight_bucket(member.receive(meta))
+
+    def rlhf_leave_weight_group(self) -> None:
+        """Drop this worker's side of the weight group (no-op when not in one)."""
+        member = getattr(self, "_rlhf_weight_member", None)
+        if member is not None:
+            member.close()
+        self._rlhf_weight_member = None
 
     def _rlhf_require_update(self, caller: str) -> set[str]:
         loaded = getattr(self, "_rlhf_loaded", None)

@@ -12,11 +12,12 @@ from rlhfkit.agents.environment import call_all, load_agent, parse_step
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agents"
 
 
-def steps(agent, actions: list[str], label: str) -> list:
+def steps(agent, actions: list[str], label: str, finish: str = "stop") -> list:
     instance = agent.cls()
     out = []
     for turn, action in enumerate(actions):
-        states = {"observation_text": "", "action_text": action, "label": label, "turn": turn}
+        states = {"observation_text": "", "action_text": action, "label": label, "turn": turn,
+                  "finish_reason": finish}
         [result] = call_all(agent, "step", [(instance, states, 0, turn)])
         out.append(parse_step(agent, result, 0, turn))
     return out
@@ -29,6 +30,9 @@ def test_retry_env_pays_less_for_later_right_answers():
     results = steps(agent, ["5", "6", "The answer is 7."], "7")
     assert [r.reward for r in results] == [0.0, 0.0, pytest.approx(1 / 3)]
     assert [r.done for r in results] == [False, False, True] and "Try again" in results[0].feedback
+    # the end-of-turn marker is added only when the action was cut before writing it
+    assert results[0].feedback.startswith("\n<|im_start|>user\n")
+    assert steps(agent, ["5"], "7", finish="length")[0].feedback.startswith("<|im_end|>\n<|im_start|>user\n")
     failed = steps(agent, ["1", "2", "3"], "7")
     assert failed[-1].done and failed[-1].reward == 0.0 and failed[-1].extra_logs == {"attempts": 3.0, "solved": 0.0}
 

@@ -60,10 +60,12 @@ def test_episodes_interleave_sampled_actions_and_masked_feedback(rollout_vllm_en
         texts = [tokenizer.decode(first, skip_special_tokens=True), tokenizer.decode(second, skip_special_tokens=True)]
         # the environment saw each action's text, and the episode so far as context
         prompt = prompts[sample.prompt_index]["prompt"]
-        assert steps[row] == {"observation_text": prompt, "action_text": texts[0], "label": None, "turn": 0}
+        finish = ["stop" if ids[-1] == tokenizer.eos_token_id else "length" for ids in (first, second)]
+        assert steps[row] == {"observation_text": prompt, "action_text": texts[0], "label": None, "turn": 0,
+                              "finish_reason": finish[0]}
         assert steps[len(out.samples) + row] == {
             "observation_text": prompt + tokenizer.decode(first, skip_special_tokens=False) + env.FEEDBACK,
-            "action_text": texts[1], "label": None, "turn": 1}
+            "action_text": texts[1], "label": None, "turn": 1, "finish_reason": finish[1]}
         assert reward == pytest.approx(env.upper_share(texts))  # the last step's reward
     assert out.extra_logs["turn"].tolist() == [1.0] * 6
     assert out.generation_seconds > 0 and out.environment_seconds > 0

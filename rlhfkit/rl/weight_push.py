@@ -1,0 +1,51 @@
+"""Actor -> rollout engines weight sync in the online loop (start with reused engines, every step, resume).
+
+`--vllm_sync_backend`:
+- `ray`: the actor's rank 0 returns its full state dict to the driver, which streams it to the engines in
+  buckets through the object store (`rlhfkit.rollout.weight_sync.sync_weights`).
+- `gloo` / `nccl`: the actor's rank 0 broadcasts each bucket straight into the engine workers over a process group
+  of its own (`rlhfkit.rollout.weight_broadcast`), built on the first sync and reused; every actor rank takes part
+  in gathering the full parameters from FSDP2.
+- `auto`: nccl on GPU clusters unless --colocate_all_models puts engines and trainer on the same GPUs (NCCL cannot
+  connect two processes on one GPU: then ray); gloo on CPU-only clusters (faster than ray there, see
+  docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhfkit.config.parse import ConfigError
+from rlhfkit.rl.group import ModelGroup
+from rlhfkit.rollout.types import SyncStats
+from rlhfkit.rollout.weight_sync import sync_weights
+
+
+def resolve_sync_backend(requested: str, has_gpus: bool, colocated: bool) -> str:
+    """The transport `--vllm_sync_backend requested` means on this cluster; ConfigError where it cannot work."""
+    if requested == "auto":
+        if not has_gpus:
+            return "gloo"
+        return "ray" if colocated else "nccl"
+    if requested == "nccl" and not has_gpus:
+        raise ConfigError("--vllm_sync_backend nccl needs GPUs, and this Ray cluster has none: use "
+                          "--vllm_sync_backend gloo (the same broadcast on CPU) or ray (the object store)")
+    if requested == "nccl" and colocated:
+        raise ConfigError("--vllm_sync_backend nccl cannot be used with --colocate_all_models: NCCL cannot connect "
+                          "two processes on the same GPU (trainer rank and engine share it). Use "
+                          "--vllm_sync_backend ray, gloo, or auto (which picks ray here)")
+    if requested not in ("ray", "gloo", "nccl"):
+        raise ConfigError(f"--vllm_sync_backend {requested!r}: expected auto, ray, gloo or nccl")
+    return requested
+
+
+def push_actor_weights(actor: ModelGroup, engines: list[Any], cfg: Any) -> SyncStats:
+    """Load the actor's current full weights into every rollout engine in place, over `cfg.vllm_sync_backend`
+    (already resolved: ray, gloo or nccl)."""
+    bucket_bytes = cfg.weight_sync_bucket_mb << 20
+    backend = cfg.vllm_sync_backend
+    if backend == "ray":
+        state = next(sd for sd in actor.call("state_dict_for_sync") if sd is not None)
+        return sync_weights(engines, state.items(), bucket_bytes=bucket_bytes)
+    actor.call("join_weight_group", engines, backend)  # builds the group on the first sync, then reuses it
+    return next(stats for stats in actor.call("broadcast_weights", bucket_bytes) if stats is not None)
