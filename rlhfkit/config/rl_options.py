@@ -98,6 +98,9 @@ class RLAlgorithmOptions:
     vllm_is_correction_type: str = opt("tis", "tis: clamp; icepop: zero outside", choices=["tis", "icepop"])
     use_dynamic_batch: bool = opt(False, "training micro-batches by token budget instead of row count")
     train_max_tokens_per_gpu: int = opt(16192, "token budget per micro-batch with --use_dynamic_batch")
+    async_train: bool = opt(False, "generate step t+1's rollout while step t trains (one step off-policy; pair "
+                                   "with --enable_vllm_is_correction); not with --colocate_all_models")
+    async_queue_size: int = opt(1, "rollouts generated ahead with --async_train (1: the one-step pipeline)")
     freezing_actor_steps: int = opt(-1, "train only the critic for the first N steps")
     ptx_coef: float = opt(0.05, "weight of the auxiliary LM loss on --pretrain_data added to every policy step")
 
@@ -107,6 +110,11 @@ class RewardOptions:
     """Rewards"""
 
     reward_pretrain: str | None = opt(None, "reward model(s), comma-separated")
+    agent_func_path: str | None = opt(None, "multi-turn agent environment: a .py file defining class AgentInstance "
+                                            "with reset/step (docs/agents.md); its rewards replace "
+                                            "--remote_rm_url and --reward_pretrain")
+    agent_action_max_len: int | None = opt(None, "agents: most tokens one action (turn) may generate; default: "
+                                                 "what is left of --generate_max_len, the budget of a whole episode")
     remote_rm_url: str | None = opt(None, "reward source(s): http(s) URLs, a reward_func .py file, or builtin:NAME")
     reward_timeout: float = opt(60.0, "seconds a reward function / remote RM may take per batch")
     reward_error_policy: str = opt("raise", "raise: stop on a failing reward; zero: score it 0 and count it",

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,8 @@ def train_ppo(cfg: Any, engines: list[Any] | None = None) -> dict[str, float]:
 
 
 def _loop(s: RLSetup) -> dict[str, float]:
+    """One step: rollout -> experience -> train -> sync -> log/checkpoint/eval. With --async_train the rollout of
+    step t+1 is generated (on the engines, with the weights of step t-1) while step t trains: `ahead` holds it."""
     cfg = s.cfg
     stream = PromptStream(s.prompts, cfg.seed, s.start_cursor)
     sampling = SamplingConfig.from_args(cfg, stop_token_ids=s.stop_ids)
@@ -198,29 +201,73 @@ def _loop(s: RLSetup) -> dict[str, float]:
     last: dict[str, float] = {}
     if s.eval_prompts and s.start_step == 0:
         metrics_log.log(0, evaluate(s, 0))
+    ahead = load_pending_rollout(cfg, s.start_step) if cfg.async_train and s.start_step else None
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout") if cfg.async_train else None
     for step in range(s.start_step + 1, s.total_steps + 1):
         timer, began = Timer(), time.perf_counter()
-        rollout, filter_metrics = collect_rollout(s, stream, sampling, timer)
+        if ahead is None:
+            ahead = collect_rollout(s, stream, sampling, timer) + (timer,)
+        rollout, filter_metrics, gen_timer = ahead
+        timer.seconds.update({k: v for k, v in gen_timer.seconds.items() if gen_timer is not timer})
         _write_samples(s, step, rollout, "train")
         exp = to_experience(rollout, s.tokenizer.pad_token_id)
         metrics = {**filter_metrics, **rollout_metrics(rollout, exp)}
         metrics.update(fill_log_probs_and_advantages(exp, cfg, s.actor, s.ref, s.critic, timer))
+        future = None
+        if pool is not None and step < s.total_steps:  # the engines still hold the weights this step trains from
+            next_timer = Timer()
+            future = pool.submit(lambda t=next_timer: collect_rollout(s, stream, sampling, t) + (t,))
         t_train = time.perf_counter()
         metrics.update(train_on_experience(s, exp, step))
         timer.add("training", t_train)
+        ahead = None
+        if future is not None:
+            waited = time.perf_counter()
+            ahead = future.result()
+            metrics["time/wait_rollout"] = time.perf_counter() - waited
         metrics.update(sync_engines(s, timer))
         metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
         metrics["time/step"] = time.perf_counter() - began
         if cfg.save_steps > 0 and step % cfg.save_steps == 0:
             s.save_checkpoint(step, stream.cursor)
+            if ahead is not None:
+                save_pending_rollout(cfg, step, ahead)
         if s.eval_prompts and ((cfg.eval_steps > 0 and step % cfg.eval_steps == 0) or step == s.total_steps):
             metrics.update(evaluate(s, step))
         metrics_log.log(step, metrics)
         last = metrics
         bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", gen_s=f"{timer.seconds['generation']:.1f}")
         bar.update(1)
+    if pool is not None:
+        pool.shutdown()
     bar.close()
     save_final(s)
     metrics_log.close()
     (Path(cfg.run_dir) / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2, default=str))
     return last
+
+
+def _pending_path(cfg: Any, step: int) -> Path:
+    return Path(cfg.ckpt_path) / "driver" / f"pending_rollout_step{step}.pt"
+
+
+def save_pending_rollout(cfg: Any, step: int, ahead: tuple) -> None:
+    """--async_train: the rollout generated ahead is part of the run's state; saved beside the checkpoint of `step`
+    (temporary file + rename), so a resumed run trains on exactly the rollout the uninterrupted run would."""
+    path = _pending_path(cfg, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(ahead, tmp)
+    tmp.replace(path)
+    kept = sorted(path.parent.glob("pending_rollout_step*.pt"), key=lambda p: int(p.stem.rsplit("step", 1)[1]))
+    for old in kept[:-max(1, cfg.max_ckpt_num)]:
+        old.unlink()
+
+
+def load_pending_rollout(cfg: Any, step: int) -> tuple | None:
+    path = _pending_path(cfg, step)
+    if not path.exists():
+        log.warning("--async_train resume: no rollout generated ahead at step %d (%s); generating it now with the "
+                    "resumed weights, so this run is not bit-identical to an uninterrupted async run", step, path)
+        return None
+    return torch.load(path, weights_only=False)

@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
+from rlhfkit.agents.environment import AgentSpec, load_agent
 from rlhfkit.config.parse import ConfigError, config_to_dict
 from rlhfkit.config.validate import require
 from rlhfkit.data.prompts import build_prompt_samples
 from rlhfkit.data.readers import blend_datasets
-from rlhfkit.models.loading import load_tokenizer, resolve_pretrain
+from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_ids
 from rlhfkit.observability.run import prepare_run_dir
 from rlhfkit.rl.colocation import Phases
 from rlhfkit.rl.group import ModelGroup, cluster_has_gpus, make_placement_group
@@ -55,6 +56,7 @@ class RLSetup:
     ptx: PromptStream | None = None                           # --pretrain_data samples for the --ptx_coef loss
     phases: Phases | None = None
     placement_groups: list[Any] = field(default_factory=list)
+    agent: AgentSpec | None = None                            # --agent_func_path: multi-turn episodes
 
     @property
     def groups(self) -> list[ModelGroup]:
@@ -119,7 +121,14 @@ def start_ray(cfg: Any) -> bool:
 
 def validate_rl(cfg: Any) -> None:
     require(cfg, "pretrain", "prompt_data")
-    if not (cfg.remote_rm_url or cfg.reward_pretrain):
+    if cfg.agent_func_path and (cfg.remote_rm_url or cfg.reward_pretrain):
+        given = "--remote_rm_url" if cfg.remote_rm_url else "--reward_pretrain"
+        raise ConfigError(f"--agent_func_path and {given} both give the reward: an agent environment rewards its "
+                          f"episodes from step(); drop {given}, or call your reward inside step()")
+    if cfg.agent_action_max_len is not None and (cfg.agent_action_max_len < 1 or not cfg.agent_func_path):
+        raise ConfigError(f"--agent_action_max_len {cfg.agent_action_max_len}: must be >= 1 and goes with "
+                          "--agent_func_path (it caps one turn of a multi-turn episode)")
+    if not (cfg.remote_rm_url or cfg.reward_pretrain or cfg.agent_func_path):
         raise ConfigError("give a reward: --remote_rm_url (reward_func .py, builtin:NAME or http URL) "
                           "or --reward_pretrain")
     if cfg.advantage_estimator in ("group_norm", "dr_grpo", "rloo", "reinforce_baseline") and \
@@ -144,6 +153,15 @@ def validate_rl(cfg: Any) -> None:
         raise ConfigError(f"--ptx_coef {cfg.ptx_coef} must be >= 0")
     if cfg.pretrain_data and cfg.ptx_coef == 0:
         log.warning("--pretrain_data is given but --ptx_coef is 0: the auxiliary loss is off")
+    if cfg.async_train and cfg.colocate_all_models:
+        raise ConfigError("--async_train generates while the models train, but --colocate_all_models puts the engines "
+                          "on the training devices (they take turns): drop one of the two")
+    if cfg.async_queue_size != 1:
+        raise ConfigError(f"--async_queue_size {cfg.async_queue_size}: only 1 (generate one step ahead) is "
+                          "implemented; deeper queues make the rollout more off-policy")
+    if cfg.async_train and not cfg.enable_vllm_is_correction:
+        log.warning("--async_train samples with weights one step old: add --enable_vllm_is_correction to correct "
+                    "the policy loss with truncated importance weights")
     _validate_colocation(cfg)
 
 
@@ -337,6 +355,7 @@ def load_ptx(cfg: Any, tokenizer: Any) -> PromptStream | None:
 def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
     """Everything a run needs. `engines`: already-running rollout engines to reuse (tests, notebooks)."""
     validate_rl(cfg)
+    agent = load_agent(cfg.agent_func_path, cfg.agent_action_max_len) if cfg.agent_func_path else None
     owns_ray = start_ray(cfg)
     cfg.vllm_sync_backend = resolve_sync_backend(cfg.vllm_sync_backend, cluster_has_gpus(), cfg.colocate_all_models)
     prepare_run_dir(cfg, True, _world(cfg, "actor"))
@@ -373,20 +392,19 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
             engines = _engines(cfg, cfg.pretrain, placement)
         else:  # reused engines start from this run's initial weights
             push_actor_weights(actor, engines, cfg)
-        reward_fn = build_rewards(cfg, tokenizer, reward_groups, reward_specs)
+        reward_fn = None if agent else build_rewards(cfg, tokenizer, reward_groups, reward_specs)
     except BaseException:
         _abandon(made, placement.owned, engines if owns_engines else None)
         raise
-    stop_ids = sorted({i for i in [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
-                       if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id})
+    stop_ids = stop_token_ids(tokenizer)
     s = RLSetup(cfg, tokenizer, prompts, eval_prompts, actor, ref, critic, engines, reward_fn, stop_ids, total_steps,
                 owns_ray=owns_ray, owns_engines=owns_engines, rewards=reward_groups, ptx=ptx,
-                placement_groups=placement.owned)
+                placement_groups=placement.owned, agent=agent)
     s.phases = Phases.from_config(cfg, engines, [actor, critic], cluster_has_gpus())
     s.summary = {"actor ranks": actor.world_size, "reference": ref.world_size if ref else "off (init_kl_coef 0)",
                  "critic": critic.world_size if critic else "off",
                  "reward models": ", ".join(f"{g.world_size} x {spec}" for spec, g in zip(reward_specs, reward_groups))
-                 or "none", "reward": reward_fn.name, "placement": _layout(cfg),
+                 or "none", "reward": agent.name if agent else reward_fn.name, "placement": _layout(cfg),
                  "rollout engines": len(engines), "backend": cfg.rollout_backend,
                  "weight sync": cfg.vllm_sync_backend, "prompts": len(prompts),
                  "eval prompts": len(eval_prompts), "samples per step": buffer,
