@@ -19,6 +19,7 @@ COMMANDS = {
     "ppo": "online RL on Ray + vLLM: PPO, REINFORCE++, GRPO, Dr. GRPO, RLOO",
     "batch-inference": "generate / score in batch; rejection sampling, conditional SFT and iterative DPO data",
     "serve-rm": "serve a reward model or reward function over HTTP",
+    "lora-merge": "merge a LoRA adapter folder into its base model (a plain HF folder)",
     "report": "write RUN_DIR/report.html: plots, samples and the reproduce command of a run",
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -74,5 +75,62 @@ def merge_lora(
         base = load_causal_lm(base_spec, dtype=dtype)
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     has_tokenizer = (adapter_dir / "tokenizer_config.json").is_file()
-    tokenizer = load_tokenizer(str(adapter_dir) if has_tokenizer else resolve_pretrain(base_spec))
+    if has_tokenizer:  # an adapter folder has no config.json, so it is read directly, not as a model spec
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir))
+    else:
+        tokenizer = load_tokenizer(resolve_pretrain(base_spec))
     return save_hf(merged, tokenizer, out_dir)
+
+
+def merged_weights(model: torch.nn.Module, named: Iterable[tuple[str, torch.Tensor]]
+                   ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Turn a LoRA model's (peft name, full tensor) stream into the base model's HF names and merged weights.
+
+    For every adapted linear layer: ``W' = W + scaling * (B @ A)`` (``scaling = lora_alpha / r``), named as the
+    base layer's weight; the adapter matrices themselves are not yielded. Other parameters pass through renamed
+    (``base_model.model.`` and ``.base_layer`` dropped). A model without LoRA passes through unchanged. This is
+    what the rollout engines load: they keep serving plain base-model weights.
+
+    ``named`` is consumed in order (`named_parameters()` order: a layer's base weight comes before its A and B)
+    and only one layer's tensors are held at a time.
+    """
+    if not isinstance(getattr(model, "module", model), PeftModel):
+        yield from named
+        return
+    from peft.tuners.lora import LoraLayer
+
+    peft_model = getattr(model, "module", model)
+    adapter = peft_model.active_adapter
+    scalings = {f"{name}.": module.scaling[adapter] for name, module in peft_model.named_modules()
+                if isinstance(module, LoraLayer) and adapter in module.scaling}
+    held: dict[str, torch.Tensor] = {}
+    for name, tensor in named:
+        layer, part = _lora_part(name)
+        if layer not in scalings or part == "base_layer.bias":
+            yield _base_name(name), tensor
+            continue
+        held[part.split(".")[0]] = tensor
+        if len(held) == 3:
+            base, a, b = held.pop("base_layer"), held.pop("lora_A"), held.pop("lora_B")
+            merged = base.float() + scalings[layer] * (b.float() @ a.float())
+            yield _base_name(layer + "base_layer.weight"), merged.to(base.dtype)
+    if held:
+        raise RuntimeError(f"LoRA weight stream ended inside a layer (have {sorted(held)}): parameters out of order")
+
+
+def _lora_part(name: str) -> tuple[str, str]:
+    """("...q_proj.", "lora_A.default.weight") for a LoRA layer's parameter, ("", name) otherwise."""
+    for marker in (".base_layer.", ".lora_A.", ".lora_B."):
+        if marker in name:
+            layer, rest = name.split(marker, 1)
+            return layer + ".", marker[1:] + rest
+    return "", name
+
+
+def _base_name(name: str) -> str:
+    """peft name -> base name: ``base_model.model.x.q_proj.base_layer.weight`` -> ``x.q_proj.weight``."""
+    if name.startswith("base_model.model."):
+        name = name[len("base_model.model."):]
+    return name.replace(".base_layer.", ".")

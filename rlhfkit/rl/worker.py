@@ -88,6 +88,11 @@ class ModelWorker:
 
             self.reward_mean, self.reward_std = reward_stats(model.config, pretrain)
         if trainable:
+            if self.cfg.lora_rank > 0:  # the engines get merged weights (see _weights_for_engines)
+                from rlhfkit.models.lora import apply_lora
+
+                model = apply_lora(model, self.cfg.lora_rank, self.cfg.lora_alpha, self.cfg.target_modules,
+                                   self.cfg.lora_dropout)
             self.engine = TrainEngine(model, self.cfg, self.dist, total_steps, learning_rate)
             self.model = self.engine.model
         else:
@@ -269,7 +274,7 @@ class ModelWorker:
     def state_dict_for_sync(self) -> dict[str, torch.Tensor] | None:
         """Full (unsharded) parameters on CPU, tied ones once (what the broadcast sends too); collective, rank 0
         returns them, other ranks None."""
-        named = _full_named_parameters(self.model)
+        named = _weights_for_engines(self.model)
         if self.dist.rank != 0:
             return _drain(named)
         return {name: tensor.cpu() for name, tensor in named}
@@ -291,7 +296,7 @@ class ModelWorker:
     def broadcast_weights(self, bucket_bytes: int) -> SyncStats | None:
         """Collective: every rank gathers the full parameters one at a time (FSDP2 all-gather); rank 0 broadcasts
         them to the engines over the weight group (`join_weight_group` first) and returns the `SyncStats`."""
-        named = _full_named_parameters(self.model)
+        named = _weights_for_engines(self.model)
         if self.dist.rank != 0:
             return _drain(named)
         return self.weight_sender.sync(named, bucket_bytes)
@@ -321,6 +326,13 @@ def _full_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.
                 tensor = tensor.to(tensor.device_mesh.device_type)
             tensor = tensor.full_tensor()
         yield name, tensor
+
+
+def _weights_for_engines(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """What the rollout engines load: full parameters under HF names, LoRA adapters merged into their layers."""
+    from rlhfkit.models.lora import merged_weights
+
+    return merged_weights(model, _full_named_parameters(model))
 
 
 def _drain(named: Iterator[tuple[str, torch.Tensor]]) -> None:

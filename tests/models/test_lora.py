@@ -57,3 +57,28 @@ def test_merge_lora_scalar_keeps_trained_head(tiny_reward_model_dir, tmp_path):
         got, _ = scalar_outputs(merged, IDS, mask)
         base, _ = scalar_outputs(load_scalar_model(tiny_reward_model_dir), IDS, mask)
     assert torch.allclose(got, expected, atol=1e-5) and not torch.allclose(base, expected, atol=1e-3)
+
+
+def test_merged_weights_stream_equals_peft_merge_and_unload(tiny_model_dir):
+    """The weights the rollout engines receive from a LoRA actor: base names, W + scaling * B @ A."""
+    from rlhfkit.models.lora import merged_weights
+
+    model = apply_lora(load_causal_lm(tiny_model_dir), lora_rank=4, lora_alpha=8, target_modules=["all-linear"])
+    _perturb_adapters(model)
+    streamed = dict(merged_weights(model, ((n, p.detach()) for n, p in model.named_parameters())))
+    reference = dict(model.merge_and_unload().named_parameters())  # peft's own merge (tied weights once)
+    assert list(streamed) == list(reference)
+    base = dict(load_causal_lm(tiny_model_dir).named_parameters())
+    changed = 0
+    for name, tensor in streamed.items():
+        assert torch.allclose(tensor, reference[name], atol=1e-6), name
+        changed += int(not torch.equal(tensor, base[name]))
+    assert changed == 7 * 2  # every adapted linear of both layers moved
+
+
+def test_merged_weights_pass_a_plain_model_through(tiny_model_dir):
+    from rlhfkit.models.lora import merged_weights
+
+    model = load_causal_lm(tiny_model_dir)
+    named = [(n, p.detach()) for n, p in model.named_parameters()]
+    assert list(merged_weights(model, iter(named))) == named

@@ -1,0 +1,42 @@
+"""`rlhfkit lora-merge`: merge a LoRA adapter folder into its base model (OpenRLHF's `lora_combiner`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from rlhfkit.config.parse import ConfigError
+
+DESCRIPTION = ("Merge a LoRA adapter folder (what `--lora_rank N --save_path DIR` writes) into its base model and "
+               "write a plain HF folder that from_pretrained and vLLM load. The adapter's task_type picks a causal "
+               "LM or a scalar (score-head) model.")
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlhfkit lora-merge", description=DESCRIPTION,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--pretrain", "--model_path", dest="pretrain", required=True,
+                        help="the base model the adapter was trained on (folder, hub name, .gguf, embedded:...)")
+    parser.add_argument("--lora_path", required=True, help="the adapter folder (adapter_config.json inside)")
+    parser.add_argument("--output_path", required=True, help="where the merged HF folder goes")
+    parser.add_argument("--param_dtype", default="fp32", choices=sorted(_DTYPES), help="dtype of the merged weights")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> str:
+    from rlhfkit.models.lora import merge_lora
+
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        out = merge_lora(args.pretrain, args.lora_path, args.output_path, dtype=_DTYPES[args.param_dtype])
+    except FileNotFoundError as err:
+        raise ConfigError(f"--lora_path {args.lora_path}: {err}") from None
+    print(out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
