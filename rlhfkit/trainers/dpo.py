@@ -26,10 +26,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from rlhfkit.algorithms.preference import dpo_loss, sequence_log_probs
-from rlhfkit.data.collate import collate_padded
+from rlhfkit.data.collate import collate_packed, collate_padded, is_packed
 from rlhfkit.data.preference import build_preference_samples
 from rlhfkit.engine.distributed import DistInfo, init_distributed
 from rlhfkit.engine.fsdp import shard_model
@@ -97,16 +98,33 @@ def load_frozen_causal_lm(spec: str, cfg: Any, dist_info: DistInfo, offload: boo
 
 
 def sequence_sums(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row: (sum of response-token log-probs, number of response tokens), float32 ``[B]`` each."""
+    """Per sequence: (sum of response-token log-probs, number of response tokens), float32 ``[B]`` each; for a
+    packed batch (``--packing_samples``), one entry per packed sequence."""
     log_probs, mask = target_log_probs(model, batch)
     mask = mask.to(log_probs.device)
+    if is_packed(batch):
+        return packed_sequence_sums(log_probs, mask, batch["seq_lens"])
     return sequence_log_probs(log_probs, mask), mask.sum(-1)
 
 
-def collate_sides(samples: Sequence[dict], pad_token_id: int, sides: Sequence[tuple[str, str]]) -> Batch:
-    """One right-padded batch holding side 0 of every sample, then side 1, ...: ``[len(sides) * B, T]``."""
+def packed_sequence_sums(log_probs: torch.Tensor, mask: torch.Tensor, seq_lens: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split the ``[1, total - 1]`` target log-probs of a packed row per sequence: column t predicts token t + 1,
+    so shifting by one puts every target under its own sequence (a sequence's first token is never a target,
+    which is what keeps predictions across the seam out)."""
+    by_target = F.pad(torch.where(mask > 0, log_probs, torch.zeros_like(log_probs)), (1, 0))[0]
+    counts = F.pad(mask, (1, 0))[0]
+    lens = seq_lens.tolist()
+    return (torch.stack([part.sum() for part in by_target.split(lens)]),
+            torch.stack([part.sum() for part in counts.split(lens)]))
+
+
+def collate_sides(samples: Sequence[dict], pad_token_id: int, sides: Sequence[tuple[str, str]],
+                  packed: bool = False) -> Batch:
+    """Side 0 of every sample, then side 1, ...: one right-padded ``[len(sides) * B, T]`` batch, or with `packed`
+    one ``[1, total]`` row of the same sequences in the same order."""
     rows = [{"input_ids": s[ids], "loss_mask": s[mask]} for ids, mask in sides for s in samples]
-    return collate_padded(rows, pad_token_id)
+    return collate_packed(rows) if packed else collate_padded(rows, pad_token_id)
 
 
 def annotate_reference(cfg: Any, samples: list[dict], pad_token_id: int, sides: Sequence[tuple[str, str, str]],
@@ -158,9 +176,10 @@ def dpo_samples(cfg: Any, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[s
     return samples, stats
 
 
-def collate_pairs(samples: Sequence[dict], pad_token_id: int) -> Batch:
-    """``[2B, T]``: the B chosen sequences, then the B rejected ones; ``ref_logps [2B]`` when precomputed."""
-    batch = collate_sides(samples, pad_token_id, PAIR_SIDES)
+def collate_pairs(samples: Sequence[dict], pad_token_id: int, packed: bool = False) -> Batch:
+    """``[2B, T]``: the B chosen sequences, then the B rejected ones (packed: one row of them in that order);
+    ``ref_logps [2B]`` when precomputed."""
+    batch = collate_sides(samples, pad_token_id, PAIR_SIDES, packed)
     if all(REF_KEYS[0] in s for s in samples):
         batch["ref_logps"] = torch.tensor([s[k] for k in REF_KEYS for s in samples], dtype=torch.float32)
     return batch
@@ -207,7 +226,8 @@ def dpo_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
         return dpo_batch_loss(model, batch, beta=cfg.beta, label_smoothing=cfg.label_smoothing, ipo=cfg.ipo,
                               nll_loss_coef=cfg.nll_loss_coef, ref_model=ref_model)
 
-    return OfflineMethod(name="dpo", collate=lambda samples: collate_pairs(samples, pad_id), weight=lambda s: 1.0,
+    return OfflineMethod(name="dpo", collate=lambda samples: collate_pairs(samples, pad_id, cfg.packing_samples),
+                         weight=lambda s: 1.0,
                          loss=loss, tokens=lambda s: len(s["chosen_ids"]) + len(s["rejected_ids"]))
 
 
@@ -222,5 +242,3 @@ def validate_dpo(cfg: Any) -> None:
         raise ConfigError("--ipo and --label_smoothing contradict: cDPO smoothing applies to the DPO loss only")
     if cfg.nll_loss_coef < 0:
         raise ConfigError(f"--nll_loss_coef must be >= 0, got {cfg.nll_loss_coef}")
-    if cfg.packing_samples:
-        raise ConfigError("--packing_samples is not supported by 'rlhfkit dpo' yet; drop the flag")

@@ -71,11 +71,11 @@ def kto_samples(cfg: Any, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[s
     return samples, stats
 
 
-def collate_kto(samples: Sequence[dict], pad_token_id: int) -> dict[str, Any]:
-    """``completion``: the B completions; ``mismatched``: the B mismatched sequences; ``desirable [B]``; and
-    ``ref_logps`` / ``ref_kl_logps [B]`` when precomputed."""
-    batch: dict[str, Any] = {"completion": collate_sides(samples, pad_token_id, [COMPLETION]),
-                             "mismatched": collate_sides(samples, pad_token_id, [MISMATCHED]),
+def collate_kto(samples: Sequence[dict], pad_token_id: int, packed: bool = False) -> dict[str, Any]:
+    """``completion``: the B completions; ``mismatched``: the B mismatched sequences (each padded, or packed into
+    one row); ``desirable [B]``; and ``ref_logps`` / ``ref_kl_logps [B]`` when precomputed."""
+    batch: dict[str, Any] = {"completion": collate_sides(samples, pad_token_id, [COMPLETION], packed),
+                             "mismatched": collate_sides(samples, pad_token_id, [MISMATCHED], packed),
                              "desirable": torch.tensor([bool(s["label"]) for s in samples])}
     if all(REF_KEYS[0] in s for s in samples):
         batch["ref_logps"] = torch.tensor([s[REF_KEYS[0]] for s in samples], dtype=torch.float32)
@@ -119,7 +119,8 @@ def kto_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
         return kto_batch_loss(model, batch, beta=cfg.beta, desirable_loss_weight=cfg.desirable_loss_weight,
                               undesirable_loss_weight=cfg.undesirable_loss_weight, ref_model=ref_model)
 
-    return OfflineMethod(name="kto", collate=lambda samples: collate_kto(samples, pad_id), weight=lambda s: 1.0,
+    return OfflineMethod(name="kto", collate=lambda samples: collate_kto(samples, pad_id, cfg.packing_samples),
+                         weight=lambda s: 1.0,
                          loss=loss, tokens=lambda s: len(s["input_ids"]) + len(s["kl_input_ids"]))
 
 
@@ -130,5 +131,3 @@ def validate_kto(cfg: Any) -> None:
         raise ConfigError(f"--beta must be > 0, got {cfg.beta}")
     if cfg.desirable_loss_weight < 0 or cfg.undesirable_loss_weight < 0:
         raise ConfigError("--desirable_loss_weight and --undesirable_loss_weight must be >= 0")
-    if cfg.packing_samples:
-        raise ConfigError("--packing_samples is not supported by 'rlhfkit kto' yet; drop the flag")

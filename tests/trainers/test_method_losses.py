@@ -226,3 +226,33 @@ def test_shard_chunks_cover_every_sample_once_with_equal_calls_per_rank(n, world
     assert len({len(p) for p in plans}) == 1  # same number of (FSDP-collective) forwards on every rank
     assert sorted(i for p in plans for chunk in p for i in chunk) == list(range(n))
     assert all(len(chunk) <= micro for p in plans for chunk in p)
+
+
+def test_packed_dpo_batch_gives_the_padded_loss_and_gradient(policy, other, pairs, tokenizer):
+    """--packing_samples: the 2B sequences in one row (per-sequence positions) score exactly as padded rows."""
+    padded_batch, packed_batch = (collate_pairs(pairs, tokenizer.pad_token_id, packed) for packed in (False, True))
+    assert packed_batch["input_ids"].shape[0] == 1 and len(packed_batch["seq_lens"]) == 2 * len(pairs)
+    grads = []
+    for batch in (padded_batch, packed_batch):
+        policy.zero_grad()
+        loss, metrics = dpo_batch_loss(policy, batch, beta=0.1, nll_loss_coef=0.5, ref_model=other)
+        loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None]))
+        if batch is padded_batch:
+            want_loss, want_metrics = float(loss.detach()), {k: float(v) for k, v in metrics.items()}
+    assert float(loss.detach()) == pytest.approx(want_loss, rel=1e-5)
+    assert {k: float(v) for k, v in metrics.items()} == pytest.approx(want_metrics, rel=1e-4, abs=1e-5)
+    assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+    policy.zero_grad()
+
+
+def test_packed_kto_batch_gives_the_padded_loss(policy, other, tokenizer):
+    from rlhfkit.data.unpaired import build_unpaired_samples
+
+    samples, _ = build_unpaired_samples(unpaired_rows(4, seed=8), tokenizer, input_key="input", output_key="output",
+                                        label_key="label", input_template="User: {}\nAssistant: ",
+                                        apply_chat_template=False, max_len=64)
+    attach_mismatched(samples, seed=1, max_len=64)
+    losses = [kto_batch_loss(policy, collate_kto(samples, tokenizer.pad_token_id, packed), beta=0.2,
+                             ref_model=other)[0] for packed in (False, True)]
+    assert float(losses[1]) == pytest.approx(float(losses[0]), rel=1e-5)
