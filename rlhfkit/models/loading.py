@@ -15,7 +15,7 @@ import importlib.util
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from transformers import (
@@ -236,19 +236,26 @@ def scalar_outputs(
         raise ValueError("scalar_outputs: a sequence has an all-zero attention_mask; there is no token to read")
     if position_ids is None:
         position_ids = default_position_ids(attention_mask)
+    token_values = head_values(model, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               use_cache=False)
+    last = last_token_index(attention_mask)
+    last_values = token_values.gather(1, last.unsqueeze(1)).squeeze(1)
+    return last_values, token_values
+
+
+def head_values(model: PreTrainedModel, **forward_kwargs: Any) -> torch.Tensor:
+    """``[B, T]`` float32: the ``score`` head at every position of one ordinary forward (``forward_kwargs`` go to
+    ``model(...)``; a packed row passes ``position_ids`` and no ``attention_mask``)."""
     head = _score_module(model)
     captured: list[torch.Tensor] = []
     handle = head.register_forward_hook(lambda _mod, _inp, out: captured.append(out))
     try:
-        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        model(**forward_kwargs)
     finally:
         handle.remove()
     if len(captured) != 1:
         raise RuntimeError(f"expected the {VALUE_HEAD!r} head to run once per forward, it ran {len(captured)} times")
-    token_values = captured[0].squeeze(-1).float()
-    last = last_token_index(attention_mask)
-    last_values = token_values.gather(1, last.unsqueeze(1)).squeeze(1)
-    return last_values, token_values
+    return captured[0].squeeze(-1).float()
 
 
 def default_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from rlhfkit.algorithms.supervised import prm_token_loss
-from rlhfkit.data.collate import collate_padded, model_inputs
+from rlhfkit.data.collate import collate_packed, collate_padded, model_inputs
 from rlhfkit.data.encoding import Encoder
 from rlhfkit.data.formatting import apply_input_template
 from rlhfkit.data.process import IGNORE, ProcessLabels, build_process_samples, encode_steps, single_token_id
@@ -33,11 +33,18 @@ def prm_samples(cfg: Any, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[s
                                  input_template=cfg.input_template, max_len=cfg.max_len)
 
 
-def collate_prm(samples: Sequence[dict], pad_token_id: int) -> dict[str, Any]:
-    """Padded ``input_ids`` etc. plus ``labels [B, T]``: long (token ids) for hard labels, float for soft ones."""
-    batch = collate_padded(samples, pad_token_id, keys=("input_ids", None))
+def collate_prm(samples: Sequence[dict], pad_token_id: int, packed: bool = False) -> dict[str, Any]:
+    """Padded ``input_ids`` etc. plus ``labels [B, T]``: long (token ids) for hard labels, float for soft ones.
+    With `packed`, one ``[1, total]`` row of the samples and their labels (the loss reads placeholder positions,
+    wherever they are)."""
     soft = any(isinstance(v, float) for s in samples for v in s["labels"])
-    labels = torch.full(batch["input_ids"].shape, IGNORE, dtype=torch.float32 if soft else torch.long)
+    dtype = torch.float32 if soft else torch.long
+    if packed:
+        batch = collate_packed(samples, keys=("input_ids", None))
+        batch["labels"] = torch.tensor([v for s in samples for v in s["labels"]], dtype=dtype)[None]
+        return batch
+    batch = collate_padded(samples, pad_token_id, keys=("input_ids", None))
+    labels = torch.full(batch["input_ids"].shape, IGNORE, dtype=dtype)
     for b, s in enumerate(samples):
         labels[b, :len(s["labels"])] = torch.tensor(s["labels"], dtype=labels.dtype)
     batch["labels"] = labels
@@ -59,7 +66,8 @@ def prm_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
     conv = ProcessLabels(tokenizer, cfg.placeholder_token, cfg.reward_tokens)
     pad_id = tokenizer.pad_token_id
     return OfflineMethod(
-        name="prm", collate=lambda samples: collate_prm(samples, pad_id), weight=lambda s: float(s["num_steps"]),
+        name="prm", collate=lambda samples: collate_prm(samples, pad_id, cfg.packing_samples),
+        weight=lambda s: float(s["num_steps"]),
         loss=lambda model, batch: prm_batch_loss(model, batch, placeholder_token_id=conv.placeholder_id,
                                                  reward_token_ids=conv.reward_ids),
         tokens=lambda s: len(s["input_ids"]))
@@ -88,5 +96,3 @@ def validate_prm(cfg: Any) -> None:
 
     if not cfg.placeholder_token:
         raise ConfigError("--placeholder_token is required for 'rlhfkit prm' (the token that ends each step)")
-    if cfg.packing_samples:
-        raise ConfigError("--packing_samples is not supported by 'rlhfkit prm' yet; drop the flag")

@@ -23,11 +23,12 @@ import torch
 from torch import nn
 
 from rlhfkit.algorithms.preference import reward_model_loss
+from rlhfkit.data.collate import is_packed, model_inputs
 from rlhfkit.data.errors import row_error
 from rlhfkit.data.formatting import get_field
 from rlhfkit.engine.distributed import DistInfo, barrier
 from rlhfkit.engine.train_engine import TrainEngine
-from rlhfkit.models.loading import load_scalar_model, scalar_outputs
+from rlhfkit.models.loading import head_values, load_scalar_model, scalar_outputs
 from rlhfkit.models.lora import apply_lora
 from rlhfkit.trainers.dpo import PAIR_SIDES, collate_sides, map_sharded, model_device, preference_samples, to_device
 from rlhfkit.trainers.loop import OfflineMethod
@@ -58,17 +59,22 @@ def _margin(row: Any, key: str) -> float:
     return float(value)
 
 
-def collate_rm(samples: Sequence[dict], pad_token_id: int) -> dict[str, Any]:
-    """``[2B, T]``: chosen rows then rejected rows; ``margin [B]`` when the samples carry one."""
-    batch = collate_sides(samples, pad_token_id, PAIR_SIDES)
+def collate_rm(samples: Sequence[dict], pad_token_id: int, packed: bool = False) -> dict[str, Any]:
+    """``[2B, T]``: chosen rows then rejected rows (packed: one row of them in that order); ``margin [B]`` when
+    the samples carry one."""
+    batch = collate_sides(samples, pad_token_id, PAIR_SIDES, packed)
     if all("margin" in s for s in samples):
         batch["margin"] = torch.tensor([s["margin"] for s in samples], dtype=torch.float32)
     return batch
 
 
 def pair_rewards(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(chosen rewards [B], rejected rewards [B]) of a `collate_rm` batch, float32."""
-    last, _ = scalar_outputs(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+    """(chosen rewards [B], rejected rewards [B]) of a `collate_rm` batch, float32: the head at each sequence's
+    last token (in a packed row, at the end of each packed sequence)."""
+    if is_packed(batch):
+        last = head_values(model, **model_inputs(batch))[0, batch["cu_seqlens"][1:].long() - 1]
+    else:
+        last, _ = scalar_outputs(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"])
     n = last.shape[0] // 2
     return last[:n], last[n:]
 
@@ -86,7 +92,8 @@ def rm_batch_loss(model: nn.Module, batch: dict[str, Any], *, loss_type: str = "
 
 def rm_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
     pad_id = tokenizer.pad_token_id
-    return OfflineMethod(name="rm", collate=lambda samples: collate_rm(samples, pad_id), weight=lambda s: 1.0,
+    return OfflineMethod(name="rm", collate=lambda samples: collate_rm(samples, pad_id, cfg.packing_samples),
+                         weight=lambda s: 1.0,
                          loss=lambda model, batch: rm_batch_loss(model, batch, loss_type=cfg.loss),
                          tokens=lambda s: len(s["chosen_ids"]) + len(s["rejected_ids"]))
 
@@ -146,10 +153,3 @@ class RewardNormalisation:
                 path.write_text(json.dumps(self.stats, indent=2) + "\n")
             log.info("reward statistics of the training set written to %s: %s", path, self.stats)
         barrier()
-
-
-def validate_rm(cfg: Any) -> None:
-    from rlhfkit.config.parse import ConfigError
-
-    if cfg.packing_samples:
-        raise ConfigError("--packing_samples is not supported by 'rlhfkit rm' yet; drop the flag")

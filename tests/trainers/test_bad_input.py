@@ -120,7 +120,6 @@ def test_rm_margin_must_be_a_number(tiny_model_dir, tmp_path, capsys):
     ("kd", [], "--teacher_model is required"),
     ("kd", ["--teacher_model", "x", "--kd_coef", "1.5"], "--kd_coef must lie in [0, 1]"),
     ("prm", [], "--placeholder_token is required"),
-    ("rm", ["--packing_samples"], "--packing_samples is not supported"),
     ("rm", ["--zpg", "2"], "--zpg is not supported"),
 ])
 def test_contradictory_flags(tmp_path, capsys, command, flags, message):

@@ -216,6 +216,10 @@ def test_prm_loss_equals_reference_function(policy, tokenizer, soft):
                     torch.tensor([float(y == reward_ids[0]), float(y == reward_ids[1])], dtype=torch.float64)
                 total -= (q * logp).sum()
     assert float(loss) == pytest.approx(float(total), rel=1e-5)
+    packed_loss, packed_metrics = prm_batch_loss(policy, collate_prm(samples, tokenizer.pad_token_id, packed=True),
+                                                 placeholder_token_id=placeholder, reward_token_ids=reward_ids)
+    assert float(packed_loss) == pytest.approx(float(total), rel=1e-5)  # --packing_samples: the same steps
+    assert float(packed_metrics["accuracy"]) == pytest.approx(float(metrics["accuracy"]), abs=1e-4)
 
 
 @pytest.mark.parametrize("n,world,micro", [(7, 2, 3), (5, 4, 1), (3, 4, 2), (8, 2, 4), (1, 3, 5)])
@@ -256,3 +260,14 @@ def test_packed_kto_batch_gives_the_padded_loss(policy, other, tokenizer):
     losses = [kto_batch_loss(policy, collate_kto(samples, tokenizer.pad_token_id, packed), beta=0.2,
                              ref_model=other)[0] for packed in (False, True)]
     assert float(losses[1]) == pytest.approx(float(losses[0]), rel=1e-5)
+
+
+def test_packed_reward_model_batch_gives_the_padded_loss(tiny_reward_model_dir, pairs, tokenizer):
+    """--packing_samples for rm: the reward is read at the end of each packed sequence."""
+    from rlhfkit.models.loading import load_scalar_model
+
+    model = load_scalar_model(tiny_reward_model_dir).eval()
+    (padded, pm), (packed, km) = (rm_batch_loss(model, collate_rm(pairs, tokenizer.pad_token_id, p))
+                                  for p in (False, True))
+    assert float(packed) == pytest.approx(float(padded), rel=1e-5)
+    assert float(km["reward_margin"]) == pytest.approx(float(pm["reward_margin"]), abs=1e-4)
