@@ -1,4 +1,4 @@
-"""Built-in verifiable rewards, selected by name: ``--remote_rm_url builtin:math`` (``format``, ``exact``).
+"""Built-in verifiable rewards, selected by name: ``--remote_rm_url builtin:math`` (``format``, ``exact``, ``code``).
 
 Each built-in is a ``reward_func(queries, prompts, labels)`` of the user-file shape, so it runs under the same
 timeout, validation and error policy (:class:`rlhfkit.rewards.reward_func.RewardFuncSource`). The response is
@@ -146,6 +146,7 @@ BUILTINS: dict[str, str] = {
     "math": "last \\boxed{} or final number == label (exact fractions)",
     "format": "response matches <think>...</think><answer>...</answer> (or --reward_format_pattern)",
     "exact": "stripped response == stripped label",
+    "code": "the response's Python program passes the label's tests in a limited subprocess (rewards/code.py)",
 }
 
 
@@ -157,5 +158,9 @@ def get_builtin(name: str, *, format_pattern: str | None = None) -> Callable[...
         return make_format_reward_func(format_pattern)
     if name == "exact":
         return exact_reward_func
+    if name == "code":
+        from rlhfkit.rewards.code import make_code_reward_func
+
+        return make_code_reward_func()
     known = ", ".join(f"builtin:{k} ({v})" for k, v in BUILTINS.items())
     raise ValueError(f"unknown built-in reward 'builtin:{name}'; known: {known}")
