@@ -56,3 +56,31 @@ def test_packed_dpo_run_reproduces_the_padded_run(tiny_model_dir, tmp_path):
         curves.append([r["train/loss"] for r in rows if "train/loss" in r])
     assert len(curves[0]) == 4 and curves[0][-1] != curves[0][0]
     assert curves[1] == pytest.approx(curves[0], abs=1e-4)
+
+
+def test_two_ranks_equal_one_rank(tiny_model_dir, tmp_path):
+    """torchrun with 2 ranks x micro 1 == 1 rank x micro 2: the reference precompute is sharded over the ranks and
+    gathered, and the shared loop normalises by the global pair count."""
+    import os
+    import subprocess
+    import sys
+
+    train = write_jsonl(preference_rows(16, seed=4), tmp_path / "train.jsonl")
+
+    def flags(out: Path, micro: int) -> list[str]:
+        return argv(pretrain=tiny_model_dir, dataset=train, prompt_key="prompt", max_len=48, train_batch_size=4,
+                    micro_train_batch_size=micro, max_epochs=1, learning_rate=1e-2, lr_warmup_ratio=0, beta=0.1,
+                    seed=3, run_dir=out / "run", save_path=out / "hf")
+
+    dpo_main(flags(tmp_path / "one", 2))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+           "rlhfkit.cli.dpo", *flags(tmp_path / "two", 1)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    losses = []
+    for name in ("one", "two"):
+        rows = [json.loads(line) for line in (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()]
+        losses.append([(r["step"], r["train/loss"]) for r in rows if "train/loss" in r])
+    assert len(losses[0]) == 4 and [s for s, _ in losses[0]] == [s for s, _ in losses[1]]
+    assert [v for _, v in losses[1]] == pytest.approx([v for _, v in losses[0]], rel=1e-4, abs=1e-5)
