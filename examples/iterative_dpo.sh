@@ -21,7 +21,7 @@ for ((round = 0; round < ROUNDS; round++)); do
   .venv/bin/rlhfkit dpo \
     --pretrain "$POLICY" --dataset "$RUN/round$round/pairs.jsonl" \
     --prompt_key prompt --chosen_key chosen --rejected_key rejected --max_len 256 \
-    --beta 0.1 --train_batch_size 8 --micro_train_batch_size 4 --max_epochs 1 --learning_rate 5e-7 \
+    --beta 0.1 --train_batch_size 4 --micro_train_batch_size 2 --max_epochs 1 --learning_rate 5e-7 \
     --run_dir "$RUN/round$round/dpo" --save_path "$RUN/round$round/model" "$@"
   POLICY="$RUN/round$round/model"
 done
