@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from rlhfkit.rollout.types import FinishReason, NamedTensors, RolloutSample, SamplingConfig
+from rlhfkit.rollout.weight_broadcast import WeightGroupSlot
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -29,6 +30,7 @@ class HFEngine:
         self.model = load_causal_lm(pretrain_path, dtype=_DTYPES[dtype]).to(self.device).eval()
         self.eos_token_ids = _eos_ids(self.model)
         self.pad_token_id = int(self.model.config.pad_token_id)
+        self._weight_slot = WeightGroupSlot()  # --vllm_sync_backend gloo|nccl
 
     def ready(self) -> bool:
         """True once the model is loaded (lets callers wait on actor start)."""
@@ -115,26 +117,15 @@ class HFEngine:
     def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str,
                           timeout_s: float) -> list[int]:
         """Join the sender's weight group as rank `rank_offset` (replacing any earlier group); returns [rank]."""
-        from rlhfkit.rollout.weight_broadcast import WeightGroupMember
-
-        self.leave_weight_group()
-        self._weight_member = WeightGroupMember(host, port, rank_offset, world_size, backend, timeout_s)
-        return [rank_offset]
+        return [self._weight_slot.join(host, port, rank_offset, world_size, backend, timeout_s)]
 
     def receive_weight_bucket(self, meta: list) -> int:
         """Receive one broadcast bucket (names, shapes, dtypes in `meta`) and load it like `load_weight_bucket`."""
-        member = getattr(self, "_weight_member", None)
-        if member is None:
-            raise RuntimeError("receive_weight_bucket before join_weight_group: the sender must build the group")
-        return self.load_weight_bucket(member.receive(meta))
+        return self.load_weight_bucket(self._weight_slot.receive(meta))
 
     def leave_weight_group(self) -> None:
         """Drop this engine's side of the weight group (no-op when not in one)."""
-        member = getattr(self, "_weight_member", None)
-        if member is not None:
-            member.close()
-        self._weight_member = None
-
+        self._weight_slot.leave()
 
 def _eos_ids(model: Any) -> list[int]:
     ids: set[int] = set()

@@ -141,6 +141,30 @@ class WeightGroupMember:
         self.store = None
 
 
+class WeightGroupSlot:
+    """An engine's (or engine worker's) membership of at most one weight group: `join` replaces an earlier group,
+    `receive` needs one, `leave` drops it. Shared by the HF engine and the vLLM worker extension."""
+
+    def __init__(self) -> None:
+        self.member: WeightGroupMember | None = None
+
+    def join(self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> int:
+        self.leave()
+        self.member = WeightGroupMember(host, port, rank, world_size, backend, timeout_s)
+        return rank
+
+    def receive(self, meta: BucketMeta) -> NamedTensors:
+        if self.member is None:
+            raise RuntimeError("a weight bucket arrived before this engine joined the weight group: the sender "
+                               "builds the group first (join_weight_group)")
+        return self.member.receive(meta)
+
+    def leave(self) -> None:
+        if self.member is not None:
+            self.member.close()
+        self.member = None
+
+
 class WeightBroadcaster:
     """The sender (rank 0): builds the group with `engines` (Ray actor handles of vLLM or HF engines) and
     broadcasts buckets of full weights to all of them. Usable from any process: a trainer rank, a driver, a test.

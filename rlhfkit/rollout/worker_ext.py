@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from rlhfkit.rollout.types import NamedTensors
+from rlhfkit.rollout.weight_broadcast import WeightGroupSlot
 
 
 class WeightReloadExtension:
@@ -71,26 +72,22 @@ class WeightReloadExtension:
         """Join the sender's weight group as rank `rank_offset + tp_rank` (replacing any earlier group)."""
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
-        from rlhfkit.rollout.weight_broadcast import WeightGroupMember
-
-        self.rlhf_leave_weight_group()
         rank = rank_offset + get_tensor_model_parallel_rank()
-        self._rlhf_weight_member = WeightGroupMember(host, port, rank, world_size, backend, timeout_s)
-        return rank
+        return self._rlhf_weight_slot().join(host, port, rank, world_size, backend, timeout_s)
 
     def rlhf_receive_weight_bucket(self, meta: list) -> int:
         """Receive one broadcast bucket (names, shapes, dtypes in `meta`) and load it like `rlhf_load_weight_bucket`."""
-        member = getattr(self, "_rlhf_weight_member", None)
-        if member is None:
-            raise RuntimeError("rlhf_receive_weight_bucket before rlhf_join_weight_group: the sender builds the group")
-        return self.rlhf_load_weight_bucket(member.receive(meta))
+        return self.rlhf_load_weight_bucket(self._rlhf_weight_slot().receive(meta))
 
     def rlhf_leave_weight_group(self) -> None:
         """Drop this worker's side of the weight group (no-op when not in one)."""
-        member = getattr(self, "_rlhf_weight_member", None)
-        if member is not None:
-            member.close()
-        self._rlhf_weight_member = None
+        self._rlhf_weight_slot().leave()
+
+    def _rlhf_weight_slot(self) -> WeightGroupSlot:
+        """This worker's weight-group membership (the extension has no __init__ of its own: made on first use)."""
+        if getattr(self, "_rlhf_slot", None) is None:
+            self._rlhf_slot = WeightGroupSlot()
+        return self._rlhf_slot
 
     def _rlhf_require_update(self, caller: str) -> set[str]:
         loaded = getattr(self, "_rlhf_loaded", None)
