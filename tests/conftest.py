@@ -37,6 +37,14 @@ def tokenizer(tiny_model_dir):
 
 
 @pytest.fixture(scope="session")
+def echo_prompt_file(tmp_path_factory) -> str:
+    """The prompt set of the online RL tests: 48 "Repeat: <two words>" rows (`echo_rows(48, seed=3)`)."""
+    from rlhfkit.data.synthetic import echo_rows, write_jsonl
+
+    return write_jsonl(echo_rows(48, seed=3), tmp_path_factory.mktemp("echo_prompts") / "prompts.jsonl")
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray cluster shared by every test that needs it (logical CPUs > cores so all roles fit)."""
     import ray

@@ -2,56 +2,41 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from ppo_helpers import run, series
 
 from rlhfkit.config.parse import ConfigError
-from rlhfkit.data.synthetic import echo_rows, write_jsonl
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 
 
-def _load_test_ppo():
-    """tests/rl/test_ppo.py's `run` helper (tests/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("agents_test_ppo", HERE.parent / "rl" / "test_ppo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_ppo = _load_test_ppo()
 AGENT = {"remote_rm_url": None, "agent_func_path": str(HERE / "two_turn_env.py"), "agent_action_max_len": 4,
          "generate_max_len": 40}
 
 
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory) -> str:
-    return write_jsonl(echo_rows(48, seed=3), tmp_path_factory.mktemp("prompts") / "prompts.jsonl")
-
-
-def test_grpo_on_two_turn_episodes_raises_the_environment_reward(tiny_model_dir, prompt_file, rollout_vllm_engine,
+def test_grpo_on_two_turn_episodes_raises_the_environment_reward(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
                                                                  tmp_path):
-    rows = _ppo.run(tiny_model_dir, prompt_file, tmp_path, rollout_vllm_engine, **AGENT)
-    rewards = _ppo.series(rows, "rollout/reward_mean")
+    rows = run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, **AGENT)
+    rewards = series(rows, "rollout/reward_mean")
     assert len(rewards) == 12
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > first + 0.05, rewards
-    assert all(t == 2.0 for t in _ppo.series(rows, "rollout/turns_mean"))
-    assert all(n > 10 for n in _ppo.series(rows, "rollout/env_tokens_mean"))  # the feedback is in the sequences
-    assert all(n <= 8 for n in _ppo.series(rows, "rollout/response_length_mean"))  # ... but not trained on
-    assert max(_ppo.series(rows, "rollout/logprob_abs_diff_mean")) < 1e-3
-    assert _ppo.series(rows, "reward/upper_share") == pytest.approx(rewards)
+    assert all(t == 2.0 for t in series(rows, "rollout/turns_mean"))
+    assert all(n > 10 for n in series(rows, "rollout/env_tokens_mean"))  # the feedback is in the sequences
+    assert all(n <= 8 for n in series(rows, "rollout/response_length_mean"))  # ... but not trained on
+    assert max(series(rows, "rollout/logprob_abs_diff_mean")) < 1e-3
+    assert series(rows, "reward/upper_share") == pytest.approx(rewards)
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     assert any("Again, louder." in s["response"] for s in samples)
 
 
-def test_an_agent_and_another_reward_source_contradict(tiny_model_dir, prompt_file, rollout_vllm_engine, tmp_path):
+def test_an_agent_and_another_reward_source_contradict(tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
     with pytest.raises(ConfigError, match="--agent_func_path and --remote_rm_url both give the reward"):
-        _ppo.run(tiny_model_dir, prompt_file, tmp_path, rollout_vllm_engine,
+        run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine,
                  **{**AGENT, "remote_rm_url": str(HERE.parent / "rl" / "letters_reward.py")})
     with pytest.raises(ConfigError, match="--agent_action_max_len 4: must be >= 1 and goes with --agent_func_path"):
-        _ppo.run(tiny_model_dir, prompt_file, tmp_path, rollout_vllm_engine, agent_action_max_len=4)
+        run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, agent_action_max_len=4)

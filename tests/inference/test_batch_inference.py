@@ -3,11 +3,11 @@ iterative slices, and the DPO round trip of iterative DPO."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from letters_reward import reward_func as letters_reward_func
 
 from rlhfkit.config.inference_options import INFERENCE_GROUPS
 from rlhfkit.config.parse import ConfigError, flags_to_argv, parse_config
@@ -16,13 +16,6 @@ from rlhfkit.inference.batch import run_batch_inference
 
 pytestmark = pytest.mark.slow
 LETTERS = Path(__file__).parents[1] / "rl" / "letters_reward.py"
-
-
-def letters_reward():
-    spec = importlib.util.spec_from_file_location("bi_letters", LETTERS)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.reward_func
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +41,7 @@ def test_generate_scores_and_slices_reproducibly(tiny_model_dir, prompt_file, ro
     assert stats["prompts"] == 6 and stats["samples"] == 18 == stats["rows_written"] == len(rows)
     assert [(r["prompt_index"], r["sample_index"]) for r in rows] == [(i, j) for i in range(6) for j in range(3)]
     assert len({r["output"] for r in rows}) > 6  # sampled, not one answer per prompt
-    expected = letters_reward()([r["input"] + r["output"] for r in rows], [r["input"] for r in rows], None)
+    expected = letters_reward_func([r["input"] + r["output"] for r in rows], [r["input"] for r in rows], None)
     assert [r["reward"] for r in rows] == pytest.approx(expected["rewards"])
     assert all(r["label"] and r["input"].startswith("<|im_start|>") for r in rows)
     # --iter 1 with 2 prompts per slice is rows 6..11 of the whole run: seeds follow the global prompt index

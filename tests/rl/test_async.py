@@ -2,37 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
 import pytest
+from ppo_helpers import run, series
 
 from rlhfkit.config.parse import ConfigError
-from rlhfkit.data.synthetic import echo_rows, write_jsonl
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"async_{name}", HERE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_ppo = _load("test_ppo")
-run, series = _ppo.run, _ppo.series
-
-
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory) -> str:
-    return write_jsonl(echo_rows(48, seed=3), tmp_path_factory.mktemp("prompts") / "prompts.jsonl")
-
-
-def test_async_samples_one_step_behind_and_still_learns(tiny_model_dir, prompt_file, rollout_vllm_engine, tmp_path):
-    rows = run(tiny_model_dir, prompt_file, tmp_path, rollout_vllm_engine, async_train=True,
+def test_async_samples_one_step_behind_and_still_learns(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
+                                                        tmp_path):
+    rows = run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, async_train=True,
                enable_vllm_is_correction=True, num_episodes=2)
     assert len(rows) == 24
     mismatch = series(rows, "rollout/logprob_abs_diff_mean")
@@ -44,10 +28,10 @@ def test_async_samples_one_step_behind_and_still_learns(tiny_model_dir, prompt_f
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.3, rewards
 
 
-def test_async_resume_continues_with_the_rollout_generated_ahead(tiny_model_dir, prompt_file, rollout_vllm_engine,
+def test_async_resume_continues_with_the_rollout_generated_ahead(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
                                                                  tmp_path):
     flags = {"max_samples": 16, "save_steps": 2, "max_ckpt_num": 5, "async_train": True}
-    full = run(tiny_model_dir, prompt_file, tmp_path / "full", rollout_vllm_engine, **flags)
+    full = run(tiny_model_dir, echo_prompt_file, tmp_path / "full", rollout_vllm_engine, **flags)
     assert len(full) == 4
     pending = tmp_path / "full" / "ckpt" / "driver" / "pending_rollout_step2.pt"
     assert pending.exists()
@@ -56,15 +40,15 @@ def test_async_resume_continues_with_the_rollout_generated_ahead(tiny_model_dir,
     shutil.copytree(tmp_path / "full" / "ckpt" / "actor", resumed_dir / "ckpt" / "actor")
     shutil.rmtree(resumed_dir / "ckpt" / "actor" / "global_step4")
     shutil.copy(pending, resumed_dir / "ckpt" / "driver" / pending.name)
-    resumed = run(tiny_model_dir, prompt_file, resumed_dir, rollout_vllm_engine, load_checkpoint=True, **flags)
+    resumed = run(tiny_model_dir, echo_prompt_file, resumed_dir, rollout_vllm_engine, load_checkpoint=True, **flags)
     assert [r["step"] for r in resumed] == [3, 4]
     for before, after in zip(full[2:], resumed):
         for key in ("rollout/reward_mean", "rollout/logprob_abs_diff_mean", "train/grad_norm", "train/entropy"):
             assert after[key] == pytest.approx(before[key], abs=1e-6), key
 
 
-def test_async_contradicts_colocating_everything(tiny_model_dir, prompt_file, rollout_vllm_engine, tmp_path):
+def test_async_contradicts_colocating_everything(tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
     with pytest.raises(ConfigError, match="--async_train generates while the models train"):
-        run(tiny_model_dir, prompt_file, tmp_path, rollout_vllm_engine, async_train=True, colocate_all_models=True)
+        run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, async_train=True, colocate_all_models=True)
     with pytest.raises(ConfigError, match="--async_queue_size 2: only 1"):
-        run(tiny_model_dir, prompt_file, tmp_path, rollout_vllm_engine, async_train=True, async_queue_size=2)
+        run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, async_train=True, async_queue_size=2)

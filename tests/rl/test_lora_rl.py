@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import ray
 import torch
+from ppo_helpers import run, series
 
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"lora_{name}", HERE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_ppo = _load("test_ppo")
 
 
 def test_lora_actor_syncs_merged_weights_to_the_engine(tiny_model_dir, rollout_vllm_engine, tokenizer, tmp_path):
@@ -33,10 +23,10 @@ def test_lora_actor_syncs_merged_weights_to_the_engine(tiny_model_dir, rollout_v
     from rlhfkit.models.logprobs import response_log_probs
 
     prompts = write_jsonl(echo_rows(16, seed=3), tmp_path / "prompts.jsonl")
-    rows = _ppo.run(tiny_model_dir, prompts, tmp_path, rollout_vllm_engine, lora_rank=8, lora_alpha=16)
+    rows = run(tiny_model_dir, prompts, tmp_path, rollout_vllm_engine, lora_rank=8, lora_alpha=16)
     assert len(rows) == 4 and all(r["train/grad_norm"] > 0 for r in rows)
     # every rollout was sampled from the weights the trainer had: the merged adapters reached the engine
-    assert max(_ppo.series(rows, "rollout/logprob_abs_diff_mean")) < 1e-3
+    assert max(series(rows, "rollout/logprob_abs_diff_mean")) < 1e-3
     adapter = tmp_path / "hf"
     assert (adapter / "adapter_config.json").exists()
     lora_b = [t for k, t in load_file(adapter / "adapter_model.safetensors").items() if "lora_B" in k]

@@ -2,45 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
+from ppo_helpers import run, series
 
-from rlhfkit.config.parse import flags_to_argv, parse_config
-from rlhfkit.config.rl_options import RL_GROUPS
-from rlhfkit.data.synthetic import echo_rows, write_jsonl
-from rlhfkit.rl.ppo_trainer import pass_at_k, train_ppo
+from rlhfkit.rl.ppo_trainer import pass_at_k
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 
 
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory) -> str:
-    return write_jsonl(echo_rows(48, seed=3), tmp_path_factory.mktemp("prompts") / "prompts.jsonl")
-
-
-def run(model: str, prompts: str, out: Path, engine, **overrides) -> list[dict]:
-    flags = {"pretrain": model, "prompt_data": prompts, "input_key": "input", "label_key": "label",
-             "apply_chat_template": True, "remote_rm_url": str(HERE / "letters_reward.py"),
-             "advantage_estimator": "group_norm", "n_samples_per_prompt": 8, "rollout_batch_size": 4,
-             "train_batch_size": 32, "micro_train_batch_size": 16, "micro_rollout_batch_size": 16,
-             "generate_max_len": 8, "prompt_max_len": 128, "actor_learning_rate": 3e-2, "lr_warmup_ratio": 0.0,
-             "init_kl_coef": 0.0, "num_episodes": 1, "seed": 5, "run_dir": str(out / "run"),
-             "save_path": str(out / "hf"), "ckpt_path": str(out / "ckpt"), **overrides}
-    cfg = parse_config("ppo", RL_GROUPS, flags_to_argv(flags))
-    train_ppo(cfg, engines=[engine])
-    return [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
-
-
-def series(rows: list[dict], key: str) -> list[float]:
-    return [r[key] for r in rows if key in r]
-
-
-def test_grpo_mean_reward_rises(tiny_model_dir, prompt_file, rollout_vllm_engine, tmp_path):
-    rows = run(tiny_model_dir, prompt_file, tmp_path, rollout_vllm_engine, num_episodes=1)
+def test_grpo_mean_reward_rises(tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
+    rows = run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, num_episodes=1)
     rewards = series(rows, "rollout/reward_mean")
     assert len(rewards) == 12
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
@@ -53,10 +28,10 @@ def test_grpo_mean_reward_rises(tiny_model_dir, prompt_file, rollout_vllm_engine
 
 
 @pytest.mark.parametrize("estimator", ["reinforce", "reinforce_baseline", "dr_grpo", "rloo", "gae"])
-def test_every_estimator_runs_a_full_step(estimator, tiny_model_dir, prompt_file, rollout_vllm_engine, tmp_path):
+def test_every_estimator_runs_a_full_step(estimator, tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
     extra = {"init_kl_coef": 0.01, "use_kl_loss": estimator == "rloo", "kl_estimator": "k3" if estimator == "rloo"
              else "k1", "max_samples": 4}
-    rows = run(tiny_model_dir, prompt_file, tmp_path, rollout_vllm_engine, advantage_estimator=estimator, **extra)
+    rows = run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, advantage_estimator=estimator, **extra)
     [row] = rows
     assert row["train/grad_norm"] > 0
     assert "rollout/kl" in row
@@ -64,16 +39,16 @@ def test_every_estimator_runs_a_full_step(estimator, tiny_model_dir, prompt_file
         assert "train/critic_loss" in row and row["train/critic_grad_norm"] > 0
 
 
-def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, prompt_file, rollout_vllm_engine, tmp_path):
+def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
     keys = ("rollout/reward_mean", "train/grad_norm", "train/entropy")
-    full = run(tiny_model_dir, prompt_file, tmp_path / "full", rollout_vllm_engine, max_samples=16, save_steps=2,
+    full = run(tiny_model_dir, echo_prompt_file, tmp_path / "full", rollout_vllm_engine, max_samples=16, save_steps=2,
                max_ckpt_num=5)
     assert len(full) == 4
     resumed_dir = tmp_path / "resumed"
     (resumed_dir / "ckpt" / "actor").mkdir(parents=True)
     shutil.copytree(tmp_path / "full" / "ckpt" / "actor" / "global_step2",
                     resumed_dir / "ckpt" / "actor" / "global_step2")
-    resumed = run(tiny_model_dir, prompt_file, resumed_dir, rollout_vllm_engine, max_samples=16, save_steps=2,
+    resumed = run(tiny_model_dir, echo_prompt_file, resumed_dir, rollout_vllm_engine, max_samples=16, save_steps=2,
                   load_checkpoint=True)
     assert [r["step"] for r in resumed] == [3, 4]
     for before, after in zip(full[2:], resumed):
@@ -81,20 +56,20 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, prompt_file, ro
             assert after[key] == pytest.approx(before[key], abs=1e-6), key
 
 
-def test_two_trainer_ranks_match_one(tiny_model_dir, prompt_file, rollout_vllm_engine, tmp_path):
-    one = run(tiny_model_dir, prompt_file, tmp_path / "one", rollout_vllm_engine, max_samples=4)
-    two = run(tiny_model_dir, prompt_file, tmp_path / "two", rollout_vllm_engine, max_samples=4,
+def test_two_trainer_ranks_match_one(tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
+    one = run(tiny_model_dir, echo_prompt_file, tmp_path / "one", rollout_vllm_engine, max_samples=4)
+    two = run(tiny_model_dir, echo_prompt_file, tmp_path / "two", rollout_vllm_engine, max_samples=4,
               actor_num_gpus_per_node=2, micro_train_batch_size=8)
     assert one[0]["rollout/reward_mean"] == pytest.approx(two[0]["rollout/reward_mean"], abs=1e-7)
     assert one[0]["train/grad_norm"] == pytest.approx(two[0]["train/grad_norm"], rel=1e-4)
 
 
-def test_a_raising_reward_function_stops_the_run_naming_it(tiny_model_dir, prompt_file, rollout_vllm_engine,
+def test_a_raising_reward_function_stops_the_run_naming_it(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
                                                            tmp_path):
     bad = tmp_path / "bad_reward.py"
     bad.write_text("def reward_func(queries, prompts, labels):\n    raise KeyError('no such field')\n")
     with pytest.raises(Exception, match="bad_reward.py") as err:
-        run(tiny_model_dir, prompt_file, tmp_path, rollout_vllm_engine, remote_rm_url=str(bad), max_samples=4)
+        run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, remote_rm_url=str(bad), max_samples=4)
     assert "sample" in str(err.value)
 
 

@@ -11,10 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from ppo_helpers import run, series
+from uppercase_rm import train_reward_model
 
 from rlhfkit.config.parse import ConfigError, config_to_dict, parse_config
 from rlhfkit.config.rl_options import RL_GROUPS
-from rlhfkit.data.synthetic import echo_rows, write_jsonl
+from rlhfkit.data.synthetic import write_jsonl
 from rlhfkit.rl.colocation import Phases
 from rlhfkit.rl.reward_group import reward_batch
 from rlhfkit.rl.setup import _check_reward_tokenizers, _resume, validate_rl
@@ -24,19 +26,6 @@ pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 
 
-def _load(name: str):
-    """A helper module of this folder (tests/ is not a package; pytest runs with --import-mode=importlib)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"rl_{name}", HERE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_test_ppo = _load("test_ppo")
-run, series = _test_ppo.run, _test_ppo.series
-train_reward_model = _load("uppercase_rm").train_reward_model
 LETTERS = str(HERE / "letters_reward.py")
 LETTERS_KEY = f"reward/{LETTERS}:reward_func/reward"
 RESUME_KEYS = ("rollout/reward_mean", "train/grad_norm", "train/critic_loss", "train/critic_grad_norm",
@@ -53,11 +42,6 @@ def reward_model(tiny_model_dir, tokenizer, tmp_path_factory) -> str:
     return path
 
 
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory) -> str:
-    return write_jsonl(echo_rows(48, seed=3), tmp_path_factory.mktemp("prompts") / "prompts.jsonl")
-
-
 def ppo(model: str, prompts: str, out: Path, engine, reward_model: str, **overrides) -> list[dict]:
     flags = {"advantage_estimator": "gae", "reward_pretrain": reward_model, "remote_rm_url": None,
              "init_kl_coef": 0.01, "critic_learning_rate": 5e-3, **overrides}
@@ -69,12 +53,12 @@ FULL = {"remote_rm_url": LETTERS, "reward_weights": "1,0", "normalize_reward": T
 
 
 @pytest.fixture(scope="module")
-def full_run(tiny_model_dir, prompt_file, vllm_engine_session, reward_model, tmp_path_factory):
+def full_run(tiny_model_dir, echo_prompt_file, vllm_engine_session, reward_model, tmp_path_factory):
     """12 PPO steps on the reward model (normalised); the letters rule rides along with weight 0 (logged, not
     trained on); a checkpoint at step 10. Module-scoped, so it takes the session engine itself (build_setup
     syncs this run's initial weights into it)."""
     out = tmp_path_factory.mktemp("ppo_full")
-    return out, ppo(tiny_model_dir, prompt_file, out, vllm_engine_session, reward_model, **FULL)
+    return out, ppo(tiny_model_dir, echo_prompt_file, out, vllm_engine_session, reward_model, **FULL)
 
 
 def test_ppo_with_four_models_raises_the_reward_and_lowers_the_value_loss(full_run):
@@ -101,14 +85,14 @@ def _rm_key(row: dict) -> str:
     return key[len("reward/rm:"):-len("/reward")]
 
 
-def test_resume_restores_actor_and_critic(full_run, tiny_model_dir, prompt_file, rollout_vllm_engine,
+def test_resume_restores_actor_and_critic(full_run, tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
                                           reward_model, tmp_path):
     out, full = full_run
     resumed_dir = tmp_path / "resumed"
     for role in ("actor", "critic"):
         shutil.copytree(out / "ckpt" / role / "global_step10", resumed_dir / "ckpt" / role / "global_step10")
-    resumed = ppo(tiny_model_dir, prompt_file, resumed_dir, rollout_vllm_engine, reward_model, load_checkpoint=True,
-                  **FULL)
+    resumed = ppo(tiny_model_dir, echo_prompt_file, resumed_dir, rollout_vllm_engine, reward_model,
+                  load_checkpoint=True, **FULL)
     assert [r["step"] for r in resumed] == [11, 12]
     for before, after in zip(full[10:], resumed):
         for key in RESUME_KEYS:
@@ -132,21 +116,21 @@ def test_resume_without_the_critic_checkpoint_is_an_error(tmp_path):
             _resume(setup)
 
 
-def test_colocate_actor_ref_with_the_ptx_loss(tiny_model_dir, prompt_file, rollout_vllm_engine,
+def test_colocate_actor_ref_with_the_ptx_loss(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
                                               reward_model, tmp_path):
     """Actor and reference on the same bundles; --pretrain_data adds the LM loss, which falls over two steps."""
     text = write_jsonl([{"text": "the cat sat on the mat and the dog sat on the log"}] * 4, tmp_path / "ptx.jsonl")
-    rows = ppo(tiny_model_dir, prompt_file, tmp_path, rollout_vllm_engine, reward_model, colocate_actor_ref=True,
+    rows = ppo(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, reward_model, colocate_actor_ref=True,
                pretrain_data=text, pretrain_input_key="text", ptx_coef=1.0, max_samples=8)
     ptx = series(rows, "train/ptx_loss")
     assert len(ptx) == 2 and ptx[1] < ptx[0] - 0.5, ptx
     assert all("rollout/kl" in r and r["train/grad_norm"] > 0 for r in rows)
 
 
-def test_colocate_critic_reward_with_two_reward_models(tiny_model_dir, prompt_file, rollout_vllm_engine,
+def test_colocate_critic_reward_with_two_reward_models(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
                                                        reward_model, tmp_path):
     """Critic and two reward-model groups on the same bundles, rewards summed; the actor frozen for step 1."""
-    rows = ppo(tiny_model_dir, prompt_file, tmp_path, rollout_vllm_engine, f"{reward_model},{reward_model}",
+    rows = ppo(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, f"{reward_model},{reward_model}",
                colocate_critic_reward=True, reward_combine="sum", freezing_actor_steps=1, max_samples=8)
     first, second = rows
     keys = [f"reward/rm:{reward_model}/reward", f"reward/rm:{reward_model}#2/reward"]
@@ -156,7 +140,7 @@ def test_colocate_critic_reward_with_two_reward_models(tiny_model_dir, prompt_fi
     assert second["train/grad_norm"] > 0
 
 
-def test_colocate_all_models_with_a_serve_rm_reward(tiny_model_dir, prompt_file, rollout_vllm_engine,
+def test_colocate_all_models_with_a_serve_rm_reward(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
                                                     reward_model, tmp_path):
     """Every model on the actor's bundles (the sleep/offload flags accepted, inert on CPU); the reward model is also
     served by `rlhfkit serve-rm` over HTTP on loopback and the two rewards are averaged."""
@@ -168,7 +152,7 @@ def test_colocate_all_models_with_a_serve_rm_reward(tiny_model_dir, prompt_file,
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
-        [row] = ppo(tiny_model_dir, prompt_file, tmp_path, rollout_vllm_engine, reward_model,
+        [row] = ppo(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, reward_model,
                     remote_rm_url=server.url, normalize_reward=True, colocate_all_models=True,
                     vllm_enable_sleep=True, fsdp_enable_offload=True, ref_reward_offload=True,
                     save_value_network=True, max_samples=4)

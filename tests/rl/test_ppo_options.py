@@ -9,33 +9,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from ppo_helpers import run
 
-from rlhfkit.data.synthetic import echo_rows, write_jsonl
+from rlhfkit.data.synthetic import echo_rows
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 
 
-def load_run():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("rl_test_ppo", HERE / "test_ppo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.run
-
-
-run = load_run()
-
-
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory) -> str:
-    return write_jsonl(echo_rows(48, seed=3), tmp_path_factory.mktemp("prompts") / "prompts.jsonl")
-
-
-def test_dynamic_filtering_drops_all_equal_groups_and_refills(tiny_model_dir, prompt_file, rollout_vllm_engine,
+def test_dynamic_filtering_drops_all_equal_groups_and_refills(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
                                                               tmp_path):
-    rows = run(tiny_model_dir, prompt_file, tmp_path, rollout_vllm_engine, max_samples=12, rollout_batch_size=4,
+    rows = run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, max_samples=12, rollout_batch_size=4,
                dynamic_filtering=True, remote_rm_url=str(HERE / "prompt_dependent_reward.py"))
     red = sum("red" in r["input"] for r in echo_rows(48, seed=3)[:12])
     assert red > 0  # the fixture data has prompts whose groups are all 1
@@ -45,27 +29,27 @@ def test_dynamic_filtering_drops_all_equal_groups_and_refills(tiny_model_dir, pr
     assert sum(r["filter/sampled_groups"] for r in rows) > 4 * len(rows)
 
 
-def test_dynamic_batch_gives_the_same_update(tiny_model_dir, prompt_file, rollout_vllm_engine, tmp_path):
-    fixed = run(tiny_model_dir, prompt_file, tmp_path / "fixed", rollout_vllm_engine, max_samples=4)
-    dynamic = run(tiny_model_dir, prompt_file, tmp_path / "dynamic", rollout_vllm_engine, max_samples=4,
+def test_dynamic_batch_gives_the_same_update(tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
+    fixed = run(tiny_model_dir, echo_prompt_file, tmp_path / "fixed", rollout_vllm_engine, max_samples=4)
+    dynamic = run(tiny_model_dir, echo_prompt_file, tmp_path / "dynamic", rollout_vllm_engine, max_samples=4,
                   use_dynamic_batch=True, train_max_tokens_per_gpu=300)
     assert fixed[0]["train/grad_norm"] == pytest.approx(dynamic[0]["train/grad_norm"], rel=1e-4)
 
 
-def test_zero_policy_scores_failing_samples_zero_and_counts_them(tiny_model_dir, prompt_file, rollout_vllm_engine,
+def test_zero_policy_scores_failing_samples_zero_and_counts_them(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
                                                                  tmp_path, monkeypatch):
     monkeypatch.setenv("FAIL_ON_RED", "1")
-    rows = run(tiny_model_dir, prompt_file, tmp_path, rollout_vllm_engine, max_samples=8, rollout_batch_size=8,
+    rows = run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, max_samples=8, rollout_batch_size=8,
                train_batch_size=64, remote_rm_url=str(HERE / "prompt_dependent_reward.py"),
                reward_error_policy="zero")
     red = sum("red" in r["input"] for r in echo_rows(48, seed=3)[:8])
     assert rows[0]["rollout/reward_failed"] == red * 8
 
 
-def test_joins_a_running_cluster_by_address(tiny_model_dir, prompt_file, ray_cluster, tmp_path):
+def test_joins_a_running_cluster_by_address(tiny_model_dir, echo_prompt_file, ray_cluster, tmp_path):
     address = ray_cluster.get_runtime_context().gcs_address
     cmd = [sys.executable, "-m", "rlhfkit.cli.ppo", "--ray_address", address, "--pretrain", tiny_model_dir,
-           "--prompt_data", prompt_file, "--input_key", "input", "--apply_chat_template", "--max_samples", "4",
+           "--prompt_data", echo_prompt_file, "--input_key", "input", "--apply_chat_template", "--max_samples", "4",
            "--remote_rm_url", str(HERE / "letters_reward.py"), "--advantage_estimator", "group_norm",
            "--n_samples_per_prompt", "4", "--rollout_batch_size", "4", "--train_batch_size", "16",
            "--generate_max_len", "4", "--prompt_max_len", "128", "--init_kl_coef", "0", "--rollout_backend", "hf",

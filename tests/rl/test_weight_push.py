@@ -3,23 +3,16 @@ gloo broadcast that matches the same run over the Ray object store (the engines 
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from ppo_helpers import run
 
 from rlhfkit.config.parse import ConfigError
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
 from rlhfkit.rl.weight_push import resolve_sync_backend
 
 HERE = Path(__file__).parent
-
-
-def load_run():
-    spec = importlib.util.spec_from_file_location("rl_test_ppo", HERE / "test_ppo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.run
 
 
 @pytest.mark.parametrize(("requested", "gpus", "colocated", "want"), [
@@ -57,7 +50,6 @@ def test_nccl_on_a_cpu_cluster_fails_at_setup(ray_cluster, tiny_model_dir, tmp_p
 def test_gloo_broadcast_run_matches_the_ray_run(tiny_model_dir, rollout_vllm_engine, tmp_path):
     """Two steps each on 2 FSDP actor ranks (every rank gathers, rank 0 sends); the second step's rollout uses the
     weights synced after the first update."""
-    run = load_run()
     prompts = write_jsonl(echo_rows(8, seed=3), tmp_path / "prompts.jsonl")
     rows = {backend: run(tiny_model_dir, prompts, tmp_path / backend, rollout_vllm_engine, max_samples=8,
                          vllm_sync_backend=backend, weight_sync_bucket_mb=1, actor_num_gpus_per_node=2)
