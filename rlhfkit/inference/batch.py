@@ -30,9 +30,9 @@ from rlhfkit.inference.postprocess import get_post_processor
 from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_ids
 from rlhfkit.rollout.dispatch import generate_on_engines
 from rlhfkit.rollout.types import SamplingConfig
+from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES
 
 log = logging.getLogger("rlhfkit")
-_DTYPES = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def validate(cfg: Any) -> None:
@@ -156,7 +156,7 @@ def start_engines(cfg: Any, path: str) -> tuple[list[Any], bool]:
     if cfg.eval_task == "generate":
         from rlhfkit.rollout.hf_engine import create_hf_engines
 
-        dtype = "float32" if cfg.param_dtype in ("auto", "fp32") else _DTYPES[cfg.param_dtype]
+        dtype = "float32" if cfg.param_dtype in ("auto", "fp32") else ENGINE_DTYPES[cfg.param_dtype]
         return create_hf_engines(cfg.vllm_num_engines, path, dtype=dtype), owns_ray
     from rlhfkit.rollout.vllm_engine import create_vllm_engines
 
@@ -164,7 +164,7 @@ def start_engines(cfg: Any, path: str) -> tuple[list[Any], bool]:
         cfg.vllm_num_engines, path, tensor_parallel_size=cfg.tp_size,
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, cpu_kv_cache_bytes=cfg.vllm_kv_cache_mb << 20,
         enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
-        max_model_len=cfg.prompt_max_len + cfg.max_new_tokens, dtype=_DTYPES[cfg.param_dtype], seed=cfg.seed)
+        max_model_len=cfg.prompt_max_len + cfg.max_new_tokens, dtype=ENGINE_DTYPES[cfg.param_dtype], seed=cfg.seed)
     return engines, owns_ray
 
 

@@ -309,11 +309,11 @@ def _engines(cfg: Any, path: str, placement: Placement) -> list[Any]:
         from rlhfkit.rollout.hf_engine import create_hf_engines
 
         return create_hf_engines(cfg.vllm_num_engines, path)
-    from rlhfkit.rollout.vllm_engine import create_vllm_engines, engine_options_from_args
+    from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES, create_vllm_engines, engine_options_from_args
 
     options = engine_options_from_args(cfg)
     if cfg.vllm_dtype != "auto":
-        options["dtype"] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[cfg.vllm_dtype]
+        options["dtype"] = ENGINE_DTYPES[cfg.vllm_dtype]
     if "engines" in placement.groups:  # --colocate_all_models: engine k on the actor's bundle k (x TP)
         share = placement.share("engines")
         options.update(placement_group=placement.groups["engines"], num_gpus_per_engine=share,

@@ -15,6 +15,7 @@ from rlhfkit.rollout.types import FinishReason, NamedTensors, RolloutSample, Sam
 
 WORKER_EXTENSION = "rlhfkit.rollout.worker_ext.WeightReloadExtension"
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
+ENGINE_DTYPES = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # flag value -> vLLM
 
 
 class VLLMEngine:
@@ -235,7 +236,6 @@ def create_vllm_engines(
 
 def engine_options_from_args(args: Any) -> dict[str, Any]:
     """`create_vllm_engines` keyword arguments from the rollout flags (`--vllm_* --enforce_eager ... --seed`)."""
-    dtypes = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
     return {
         "tensor_parallel_size": args.vllm_tensor_parallel_size,
         "gpu_memory_utilization": args.vllm_gpu_memory_utilization,
@@ -243,7 +243,7 @@ def engine_options_from_args(args: Any) -> dict[str, Any]:
         "enforce_eager": args.enforce_eager,
         "enable_prefix_caching": args.enable_prefix_caching,
         "max_model_len": args.prompt_max_len + args.generate_max_len,
-        "dtype": dtypes[args.param_dtype],
+        "dtype": ENGINE_DTYPES[args.param_dtype],
         "seed": args.seed,
     }
 
