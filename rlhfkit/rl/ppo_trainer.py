@@ -204,19 +204,15 @@ def _loop(s: RLSetup) -> dict[str, float]:
     ahead = load_pending_rollout(cfg, s.start_step) if cfg.async_train and s.start_step else None
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout") if cfg.async_train else None
     for step in range(s.start_step + 1, s.total_steps + 1):
-        timer, began = Timer(), time.perf_counter()
-        if ahead is None:
-            ahead = collect_rollout(s, stream, sampling, timer) + (timer,)
-        rollout, filter_metrics, gen_timer = ahead
-        timer.seconds.update({k: v for k, v in gen_timer.seconds.items() if gen_timer is not timer})
+        began = time.perf_counter()
+        rollout, filter_metrics, timer = ahead or collect_timed(s, stream, sampling)
         _write_samples(s, step, rollout, "train")
         exp = to_experience(rollout, s.tokenizer.pad_token_id)
         metrics = {**filter_metrics, **rollout_metrics(rollout, exp)}
         metrics.update(fill_log_probs_and_advantages(exp, cfg, s.actor, s.ref, s.critic, timer))
         future = None
         if pool is not None and step < s.total_steps:  # the engines still hold the weights this step trains from
-            next_timer = Timer()
-            future = pool.submit(lambda t=next_timer: collect_rollout(s, stream, sampling, t) + (t,))
+            future = pool.submit(collect_timed, s, stream, sampling)
         t_train = time.perf_counter()
         metrics.update(train_on_experience(s, exp, step))
         timer.add("training", t_train)
@@ -245,6 +241,13 @@ def _loop(s: RLSetup) -> dict[str, float]:
     metrics_log.close()
     (Path(cfg.run_dir) / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2, default=str))
     return last
+
+
+def collect_timed(s: RLSetup, stream: PromptStream, sampling: SamplingConfig) -> tuple[Rollout, dict, Timer]:
+    """`collect_rollout` with its own Timer (generation and reward seconds), which becomes the step's timer."""
+    timer = Timer()
+    rollout, metrics = collect_rollout(s, stream, sampling, timer)
+    return rollout, metrics, timer
 
 
 def _pending_path(cfg: Any, step: int) -> Path:
