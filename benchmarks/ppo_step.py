@@ -10,21 +10,21 @@ layouts, each a fresh run of `rlhfkit ppo` in this process on one local Ray clus
 
     .venv/bin/python benchmarks/ppo_step.py [--steps 2] [--layouts separate,colocated]
 
-Configuration: 4 prompts x 4 samples, 32 new tokens, GAE, fp32 trainers (1 rank each), bf16 vLLM engine with the IS
-correction. The first step includes warm-up; with --steps >= 2 the table is the mean of the later steps. Prints a
-table and writes benchmarks/results/ppo_step.json.
+Configuration: 4 prompts x 4 samples, 32 new tokens, GAE, trainers (1 rank each) and vLLM engine at the
+precision `auto` picks on this machine, with the IS correction. The first step includes warm-up; with --steps >= 2
+the table is the mean of the later steps. Prints a table and writes benchmarks/results/ppo_step.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from machine import machine_line, machine_record
 
 RESULTS = Path(__file__).parent / "results"
 MODEL = "embedded:smollm2-135m-instruct"
@@ -33,7 +33,7 @@ LAYOUTS = {"separate": {}, "colocated": {"colocate_all_models": True}}
 FLAGS = {"input_key": "input", "apply_chat_template": True, "advantage_estimator": "gae", "n_samples_per_prompt": 4,
          "rollout_batch_size": 4, "train_batch_size": 16, "micro_train_batch_size": 4, "micro_rollout_batch_size": 8,
          "generate_max_len": 32, "prompt_max_len": 128, "actor_learning_rate": 1e-6, "critic_learning_rate": 9e-6,
-         "init_kl_coef": 0.01, "vllm_dtype": "bf16", "enable_vllm_is_correction": True, "vllm_kv_cache_mb": 256,
+         "init_kl_coef": 0.01, "enable_vllm_is_correction": True, "vllm_kv_cache_mb": 256,
          "lr_warmup_ratio": 0.0, "seed": 0}
 
 
@@ -99,8 +99,8 @@ def main() -> None:
     print(f"{'first step':<14}" + "".join(f"{results[name]['first_step_seconds']:>12.2f}" for name in layouts))
     print(f"{'set-up':<14}" + "".join(f"{results[name]['setup_seconds']:>12.2f}" for name in layouts))
     RESULTS.mkdir(exist_ok=True)
-    record = {"model": MODEL, "config": FLAGS, "layouts": results, "machine": {
-        "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}}
+    record = {"model": MODEL, "config": FLAGS, "layouts": results, "machine": machine_record()}
+    print(machine_line(record["machine"]))
     (RESULTS / "ppo_step.json").write_text(json.dumps(record, indent=2) + "\n")
     print(f"\nwrote {RESULTS / 'ppo_step.json'}")
 

@@ -5,7 +5,8 @@ TRL's GRPOTrainer on the same configuration, all in one run.
     .venv/bin/python benchmarks/rl_step.py [--steps 3] [--skip_trl]
     (TRL row: .venv/bin/pip install trl 'torch==2.13.0' first; it is a benchmark-only dependency)
 
-Configuration (the demo's): 8 prompts x 8 samples, 24 new tokens, GRPO, fp32 trainer, bf16 vLLM engine.
+Configuration (the demo's): 8 prompts x 8 samples, 24 new tokens, GRPO, trainer and engine at the precision
+`auto` picks on this machine (bf16 with native bf16, else fp32); raw vLLM and TRL run at the same precision.
 Prints a table and writes benchmarks/results/rl_step.json. Target: rollout overhead vs raw vLLM at most 10%.
 """
 
@@ -18,6 +19,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from machine import machine_line, machine_record
 
 RESULTS = Path(__file__).parent / "results"
 PROMPTS, SAMPLES, NEW_TOKENS = 8, 8, 24
@@ -38,12 +41,12 @@ def rlhfkit_steps(steps: int, run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def raw_vllm_tokens_per_s(path: str, prompt_ids: list[list[int]], repeats: int) -> float:
+def raw_vllm_tokens_per_s(path: str, prompt_ids: list[list[int]], repeats: int, dtype: str) -> float:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=path, dtype="bfloat16", max_model_len=256, enforce_eager=True, enable_chunked_prefill=False,
+    llm = LLM(model=path, dtype=dtype, max_model_len=256, enforce_eager=True, enable_chunked_prefill=False,
               kv_cache_memory_bytes=1 << 30, seed=0)
     params = SamplingParams(temperature=1.0, max_tokens=NEW_TOKENS, n=1, logprobs=0)
     requests = [TokensPrompt(prompt_token_ids=p) for p in prompt_ids for _ in range(SAMPLES)]
@@ -57,7 +60,7 @@ def raw_vllm_tokens_per_s(path: str, prompt_ids: list[list[int]], repeats: int) 
     return statistics.mean(rates)
 
 
-def trl_step_seconds(path: str, prompts: list[str], steps: int) -> float | None:
+def trl_step_seconds(path: str, prompts: list[str], steps: int, bf16: bool) -> float | None:
     try:
         from trl import GRPOConfig, GRPOTrainer
     except ImportError:
@@ -70,7 +73,7 @@ def trl_step_seconds(path: str, prompts: list[str], steps: int) -> float | None:
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(output_dir=out, per_device_train_batch_size=PROMPTS * SAMPLES, num_generations=SAMPLES,
                             max_completion_length=NEW_TOKENS, max_steps=steps, logging_steps=1, report_to=[],
-                            learning_rate=3e-6, use_cpu=True, save_strategy="no", bf16=False)
+                            learning_rate=3e-6, use_cpu=True, save_strategy="no", bf16=bf16)
         data = datasets.Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in prompts * steps]})
         trainer = GRPOTrainer(model=path, reward_funcs=reward, args=config, train_dataset=data)
         began = time.perf_counter()
@@ -87,6 +90,8 @@ def main() -> None:
     from rlhfkit.models.loading import load_tokenizer, resolve_pretrain
 
     path = resolve_pretrain("embedded:smollm2-135m-instruct")
+    machine = machine_record()
+    print(machine_line(machine))
     with tempfile.TemporaryDirectory() as tmp:
         rows = rlhfkit_steps(args.steps, Path(tmp) / "run")
     train_rows = [r for r in rows if "time/step" in r]
@@ -98,9 +103,10 @@ def main() -> None:
     questions = [r["input"] for r in arithmetic_rows(PROMPTS, seed=1)]
     prompt_ids = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                                 tokenize=True, return_dict=False) for q in questions]
-    raw = raw_vllm_tokens_per_s(path, prompt_ids, repeats=3)
-    trl = None if args.skip_trl else trl_step_seconds(path, questions, steps=2)
-    result = {"model": "embedded:smollm2-135m-instruct", "prompts": PROMPTS, "samples": SAMPLES,
+    raw = raw_vllm_tokens_per_s(path, prompt_ids, repeats=3,
+                                dtype="bfloat16" if machine["precision"] == "bf16" else "float32")
+    trl = None if args.skip_trl else trl_step_seconds(path, questions, steps=2, bf16=machine["precision"] == "bf16")
+    result = {"machine": machine, "model": "embedded:smollm2-135m-instruct", "prompts": PROMPTS, "samples": SAMPLES,
               "new_tokens": NEW_TOKENS, "steps_measured": len(measured), "stage_seconds": stage,
               "rollout_tokens_per_s_rlhfkit": ours, "rollout_tokens_per_s_raw_vllm": raw,
               "rollout_overhead": 1 - ours / raw, "weight_sync_seconds": stage["weight_sync"],

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from machine import machine_line, machine_record
 
 from rlhfkit.data.collate import collate_padded, model_inputs
 from rlhfkit.data.readers import blend_datasets
@@ -91,11 +92,14 @@ def main() -> None:
         plain = plain_loop(path, samples, tokenizer.pad_token_id, args.steps, args.batch, args.micro, lr, seed)
     ours_rate, plain_rate = statistics.mean(ours[1:]), statistics.mean(plain[1:])
     overhead = 1.0 - ours_rate / plain_rate
-    result = {"model": args.pretrain, "steps": args.steps, "train_batch_size": args.batch,
+    machine = machine_record("fp32")
+    result = {"machine": machine, "precision": "fp32", "model": args.pretrain, "steps": args.steps,
+              "train_batch_size": args.batch,
               "micro_train_batch_size": args.micro, "threads": torch.get_num_threads(),
               "rlhfkit_tokens_per_s": ours_rate, "plain_pytorch_tokens_per_s": plain_rate,
               "rlhfkit_overhead": overhead, "target_overhead": 0.10,
               "per_step": {"rlhfkit": ours, "plain": plain}}
+    print(machine_line(machine))
     print(f"\n{'loop':<16}{'tokens/s':>12}\n{'rlhfkit sft':<16}{ours_rate:>12.1f}\n{'plain PyTorch':<16}"
           f"{plain_rate:>12.1f}\noverhead: {overhead * 100:.1f}% (target <= 10%)")
     RESULTS.mkdir(exist_ok=True)

@@ -1,5 +1,6 @@
 """Weight sync seconds, Ray object store vs gloo broadcast, for the embedded SmolLM2-135M-Instruct into one vLLM
-engine (bf16, as in the demo), fp32 weights sent (538 MB).
+engine at the precision `auto` picks on this machine (the trainer's fp32 master weights cast to it before they
+are sent: 538 MB in fp32, half in bf16).
 
 Two senders, each transport timed `--repeats` times after one warm-up sync:
 - driver: this process holds the full model and syncs it (`sync_weights` / `WeightBroadcaster.sync`): the
@@ -20,6 +21,8 @@ import statistics
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from machine import machine_line, machine_record
 
 RESULTS = Path(__file__).parent / "results"
 MODEL = "embedded:smollm2-135m-instruct"
@@ -78,14 +81,17 @@ def main() -> None:
     path = resolve_pretrain(MODEL)
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
              runtime_env={"env_vars": WORKER_ENV})
-    engines = create_vllm_engines(1, path, dtype="bfloat16", max_model_len=512, cpu_kv_cache_bytes=256 << 20)
-    result: dict[str, Any] = {"model": MODEL, "engines": 1, "engine_dtype": "bfloat16", "bucket_mb": args.bucket_mb,
-                              "repeats": args.repeats}
+    machine = machine_record()
+    engine_dtype = "bfloat16" if machine["precision"] == "bf16" else "float32"  # what auto gives a run here
+    engines = create_vllm_engines(1, path, dtype=engine_dtype, max_model_len=512, cpu_kv_cache_bytes=256 << 20)
+    result: dict[str, Any] = {"machine": machine, "model": MODEL, "engines": 1, "engine_dtype": engine_dtype,
+                              "bucket_mb": args.bucket_mb, "repeats": args.repeats}
     result["driver"] = time_driver(engines, path, args.bucket_mb << 20, args.repeats)
     result["actor"] = time_actor(engines, path, args.bucket_mb, args.repeats)
     ray.shutdown()
-    print(f"\nweight sync, {MODEL}, fp32 weights -> 1 bf16 vLLM engine, {args.bucket_mb} MiB buckets (s, mean of "
-          f"{args.repeats})")
+    print(machine_line(machine))
+    print(f"\nweight sync, {MODEL}, fp32 weights -> 1 {engine_dtype} vLLM engine, {args.bucket_mb} MiB buckets "
+          f"(s, mean of {args.repeats})")
     print(f"{'sender':<8} {'ray':>8} {'gloo':>8} {'gloo/ray':>9}")
     for sender in ("driver", "actor"):
         means = {t: statistics.mean(result[sender][t]) for t in TRANSPORTS}

@@ -14,7 +14,7 @@ PY
 POLICY=embedded:smollm2-135m-instruct
 for ((round = 0; round < ROUNDS; round++)); do
   .venv/bin/rlhfkit batch-inference \
-    --eval_task generate_vllm --pretrain "$POLICY" --param_dtype bf16 --vllm_kv_cache_mb 1024 --enforce_eager \
+    --eval_task generate_vllm --pretrain "$POLICY" --vllm_kv_cache_mb 1024 --enforce_eager \
     --dataset runs/data/arith_train.jsonl --input_key input --label_key label --apply_chat_template \
     --best_of_n 4 --temperature 1.0 --max_new_tokens 24 --iter "$round" --rollout_batch_size "$PROMPTS" \
     --remote_rm_url builtin:math --post_processor iter_dpo --output_path "$RUN/round$round/pairs.jsonl"

@@ -9,7 +9,7 @@ from rlhfkit.data.synthetic import arithmetic_rows, write_jsonl
 write_jsonl(arithmetic_rows(256, seed=1, system="You are a helpful assistant."), "runs/data/arith_train.jsonl")
 PY
 .venv/bin/rlhfkit batch-inference \
-  --eval_task generate_vllm --pretrain embedded:smollm2-135m-instruct --param_dtype bf16 --vllm_kv_cache_mb 1024 \
+  --eval_task generate_vllm --pretrain embedded:smollm2-135m-instruct --vllm_kv_cache_mb 1024 \
   --dataset runs/data/arith_train.jsonl --input_key input --label_key label --apply_chat_template --enforce_eager \
   --best_of_n 8 --temperature 1.0 --max_new_tokens 24 \
   --remote_rm_url builtin:math --post_processor rs --output_path "$RUN/best_of_8.jsonl"

@@ -19,5 +19,5 @@ PY
   --advantage_estimator group_norm --n_samples_per_prompt 8 --rollout_batch_size 4 \
   --train_batch_size 32 --micro_train_batch_size 8 --temperature 0.7 \
   --actor_learning_rate 3e-6 --lr_warmup_ratio 0 --init_kl_coef 0 \
-  --param_dtype bf16 --vllm_dtype bf16 --enable_vllm_is_correction --vllm_kv_cache_mb 1024 --enforce_eager \
+  --enable_vllm_is_correction --vllm_kv_cache_mb 1024 --enforce_eager \
   --save_steps 8 --ckpt_path "$RUN/ckpt" --run_dir "$RUN" --save_path "$RUN/model" "$@"

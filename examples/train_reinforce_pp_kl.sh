@@ -12,5 +12,5 @@ RUN=${RUN:-runs/reinforce-pp-example}
   --dynamic_filtering --dynamic_filtering_reward_range 0 1 \
   --init_kl_coef 0.001 --use_kl_loss --kl_estimator k3 \
   --train_batch_size 32 --micro_train_batch_size 8 --generate_max_len 24 --temperature 0.7 \
-  --actor_learning_rate 3e-6 --param_dtype bf16 --vllm_dtype bf16 --enable_vllm_is_correction \
+  --actor_learning_rate 3e-6 --enable_vllm_is_correction \
   --vllm_kv_cache_mb 1024 --enforce_eager --run_dir "$RUN" --save_path "$RUN/model" "$@"

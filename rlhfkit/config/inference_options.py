@@ -13,8 +13,9 @@ class InferenceModelOptions:
 
     pretrain: str | None = opt(None, "policy to sample from (generate tasks) or reward model (--eval_task rm without "
                                      "--remote_rm_url / --reward_pretrain): HF folder, hub name, .gguf or embedded:...")
-    param_dtype: str = opt("auto", "engine dtype: auto = bf16 on CUDA, fp32 on CPU", choices=["auto", "bf16", "fp16",
-                                                                                              "fp32"])
+    param_dtype: str = opt("auto", "engine dtype: auto = bf16 where the hardware computes it natively "
+                                   "(CUDA with bf16, AVX512-BF16/AMX CPUs), fp32 elsewhere",
+                           choices=["auto", "bf16", "fp16", "fp32"])
     disable_fast_tokenizer: bool = opt(False, "use the slow (Python) tokenizer")
     seed: int = opt(1234, "sampling seed (sample j of prompt i uses seed + i * best_of_n + j)")
 

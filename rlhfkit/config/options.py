@@ -23,7 +23,9 @@ class ModelOptions:
     pretrain: str | None = opt(None, "model to train: local HF folder, hub name, .gguf file or "
                                      "embedded:smollm2-135m-instruct")
     attn_implementation: str = opt("sdpa", "attention kernel (OpenRLHF default flash_attention_2; sdpa runs on CPU)")
-    param_dtype: str = opt("auto", "parameter/compute dtype: auto = bf16 mixed precision on CUDA, fp32 on CPU",
+    param_dtype: str = opt("auto", "compute dtype (fp32 master weights): auto = bf16 mixed precision where the "
+                                   "hardware computes bf16 natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), "
+                                   "fp32 elsewhere; the choice and why are in the manifest (docs/engine.md)",
                            choices=["auto", "bf16", "fp16", "fp32"])
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
     gradient_checkpointing_use_reentrant: bool = opt(False, "use the reentrant checkpointing implementation")

@@ -29,7 +29,8 @@ class PlacementOptions:
                                            "(OpenRLHF's --deepspeed_enable_sleep; CUDA only, a no-op on CPU)")
     ref_reward_offload: bool = opt(False, "keep the reference and reward models' parameters in host RAM, on the "
                                           "device only during their forwards (CUDA only, a no-op on CPU)")
-    torch_threads_per_worker: int = opt(0, "torch threads in each model worker (0: torch's default)")
+    torch_threads_per_worker: int = opt(0, "torch threads in each model worker (0: on CPU, the node's cores "
+                                                 "divided by the model ranks per node; Ray alone would give 1)")
 
 
 @dataclass
@@ -42,8 +43,9 @@ class RolloutOptions:
     vllm_gpu_memory_utilization: float = opt(0.9, "GPU memory fraction for vLLM (on CPU: see "
                                                   "--vllm_kv_cache_mb)")
     vllm_kv_cache_mb: int = opt(256, "CPU only: host RAM for each engine's KV cache, in MiB")
-    vllm_dtype: str = opt("auto", "engine dtype; auto = the trainer's (--param_dtype). On CPU, bf16 generates about "
-                                  "2x faster than fp32; pair it with --enable_vllm_is_correction",
+    vllm_dtype: str = opt("auto", "engine dtype; auto = the trainer's (--param_dtype, itself auto: bf16 where the "
+                                  "hardware computes it natively, fp32 elsewhere). A bf16 engine beside an fp32 "
+                                  "trainer: pair it with --enable_vllm_is_correction",
                           choices=["auto", "bf16", "fp16", "fp32"])
     vllm_sync_backend: str = opt("auto", "weight transport trainer -> engines: ray (object store, via the driver), "
                                          "gloo or nccl (torch.distributed broadcast from actor rank 0 into every "
@@ -103,6 +105,10 @@ class RLAlgorithmOptions:
     async_queue_size: int = opt(1, "rollouts generated ahead with --async_train (1: the one-step pipeline)")
     freezing_actor_steps: int = opt(-1, "train only the critic for the first N steps")
     ptx_coef: float = opt(0.05, "weight of the auxiliary LM loss on --pretrain_data added to every policy step")
+    recompute_old_log_probs: bool = opt(False, "always compute the PPO ratio's old log-probs in a separate forward "
+                                               "pass; by default, when a rollout makes exactly one optimizer step "
+                                               "(one mini-batch, --max_epochs 1, no reward-side KL), they are the "
+                                               "training pass's own (detached), which saves that pass")
 
 
 @dataclass

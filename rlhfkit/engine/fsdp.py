@@ -11,6 +11,8 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+from rlhfkit.engine.precision import TORCH_DTYPES, auto_torch_dtype
+
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The repeated transformer blocks: modules whose class is in the model's `_no_split_modules`."""
@@ -25,10 +27,10 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def compute_dtype(param_dtype: str, device: torch.device) -> torch.dtype:
-    """auto: bf16 on CUDA, fp32 on CPU."""
+    """auto: bf16 where `device` computes it natively, fp32 elsewhere (`rlhfkit.engine.precision`)."""
     if param_dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[param_dtype]
+        return auto_torch_dtype(device)
+    return TORCH_DTYPES[param_dtype]
 
 
 def shard_model(model: nn.Module, *, zero_stage: int, device: torch.device, param_dtype: str = "auto",

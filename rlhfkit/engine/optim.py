@@ -9,13 +9,20 @@ from torch.optim.lr_scheduler import LambdaLR
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, betas: list[float], weight_decay: float) -> torch.optim.AdamW:
-    """AdamW over trainable parameters; no weight decay on biases and norm weights (1-D tensors)."""
+    """AdamW over trainable parameters; no weight decay on biases and norm weights (1-D tensors).
+
+    Plain (unsharded) float parameters take torch's fused kernel: on the 135M model on a 2-core CPU a step takes
+    0.10 s against 0.60 s for the per-parameter loop (docs/benchmarks.md). FSDP2's sharded (DTensor) parameters keep
+    the per-parameter loop."""
     decay, no_decay = [], []
     for param in model.parameters():
         if param.requires_grad:
             (no_decay if param.ndim < 2 else decay).append(param)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), foreach=False)
+    params = decay + no_decay
+    fused = bool(params) and all(type(p) is torch.nn.Parameter and p.is_floating_point()
+                                 and p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), **({"fused": True} if fused else {"foreach": False}))
 
 
 def lr_factor(step: int, *, total_steps: int, warmup_steps: int, schedule: str, min_lr_ratio: float) -> float:

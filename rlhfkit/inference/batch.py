@@ -150,14 +150,16 @@ def generate(cfg: Any, engines: list[Any] | None, stats: dict[str, Any]) -> list
 
 
 def start_engines(cfg: Any, path: str) -> tuple[list[Any], bool]:
+    from rlhfkit.engine.precision import apply_precision
+    from rlhfkit.rl.group import cluster_has_gpus
     from rlhfkit.rl.setup import start_ray
 
     owns_ray = start_ray(cfg)
+    apply_precision(cfg, "cuda" if cluster_has_gpus() else "cpu")
     if cfg.eval_task == "generate":
         from rlhfkit.rollout.hf_engine import create_hf_engines
 
-        dtype = "float32" if cfg.param_dtype in ("auto", "fp32") else ENGINE_DTYPES[cfg.param_dtype]
-        return create_hf_engines(cfg.vllm_num_engines, path, dtype=dtype), owns_ray
+        return create_hf_engines(cfg.vllm_num_engines, path, dtype=ENGINE_DTYPES[cfg.param_dtype]), owns_ray
     from rlhfkit.rollout.vllm_engine import create_vllm_engines
 
     engines = create_vllm_engines(

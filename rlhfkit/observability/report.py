@@ -305,7 +305,19 @@ def _header(manifest: dict[str, Any] | None) -> str:
         rows.append(("hardware", _e("; ".join(parts))))
     elif hardware:
         rows.append(("hardware", _e(hardware)))
+    precision = manifest.get("precision")
+    if isinstance(precision, dict):
+        rows.append(("precision", _e(_precision_line(precision))))
     return _kv_table(rows, "run-info")
+
+
+def _precision_line(p: dict[str, Any]) -> str:
+    """"fp32 (auto: no native bf16 ...); CPU ...; matmul fp32 170, bf16 1.3 GFLOP/s" from the manifest's record."""
+    parts = [f"{p.get('dtype', '?')} ({p.get('reason', 'no reason recorded')})",
+             f"{p.get('device', '?')}: {p.get('device_name', '?')}, capability {p.get('capability', '?')}"]
+    if p.get("fp32_gflops") is not None:
+        parts.append(f"measured matmul fp32 {p['fp32_gflops']} GFLOP/s, bf16 {p.get('bf16_gflops')} GFLOP/s")
+    return "; ".join(parts)
 
 
 def _reproduce(manifest: dict[str, Any] | None) -> str:

@@ -78,6 +78,9 @@ def write_manifest(run_dir: Path, cfg: Any, world_size: int) -> dict[str, Any]:
                      "world_size": world_size},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+    precision = getattr(cfg, "precision", None)
+    if precision is not None:  # set by rlhfkit.engine.precision.apply_precision
+        manifest["precision"] = precision.as_dict()
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
 

@@ -150,22 +150,37 @@ def model_batch(exp: Experience) -> dict[str, torch.Tensor]:
     return {"sequences": exp.sequences, "attention_mask": exp.attention_mask, "action_mask": exp.action_mask}
 
 
+def old_log_probs_from_training_pass(cfg: Any, rows: int, has_ref: bool) -> bool:
+    """Whether the PPO ratio's old log-probs can be the training forward's own, detached: the rollout makes exactly
+    one optimizer step (one mini-batch of `rows` <= --train_batch_size, --max_epochs 1, the actor trains from the first
+    step), so the policy that would compute them in a separate pass is the one being trained, and no reward-side KL
+    needs them before the advantages. The worker still runs a separate no-grad pass for models with active dropout."""
+    return (not cfg.recompute_old_log_probs and cfg.max_epochs == 1 and rows <= cfg.train_batch_size
+            and cfg.freezing_actor_steps <= 0 and (not has_ref or cfg.use_kl_loss))
+
+
 def fill_log_probs_and_advantages(exp: Experience, cfg: Any, actor: Any, ref: Any | None, critic: Any | None,
                                   timer: Timer) -> dict[str, float]:
-    """Trainer log-probs, reference log-probs, values, KL, advantages and returns (in place); returns metrics."""
+    """Trainer log-probs, reference log-probs, values, KL, advantages and returns (in place); returns metrics.
+
+    When `old_log_probs_from_training_pass` holds, the actor's pass is skipped (`exp.old_log_probs` stays None):
+    the training step takes them from its own forward and reports the rollout mismatch metrics itself."""
     began = time.perf_counter()
     batch = model_batch(exp)
-    calls = [(actor, partial(actor.map_rows_async, "log_probs", batch))]
+    reuse = old_log_probs_from_training_pass(cfg, exp.batch_size, ref is not None)
+    calls = [] if reuse else [(actor, partial(actor.map_rows_async, "log_probs", batch))]
     if ref is not None:
         calls.append((ref, partial(ref.map_rows_async, "log_probs", batch)))
     if critic is not None:
         calls.append((critic, partial(critic.map_rows_async, "values", batch)))
     results = run_side_by_side(calls)  # separate placement groups: at the same time
-    exp.old_log_probs = results.pop(0)
+    if not reuse:
+        exp.old_log_probs = results.pop(0)
     mask = exp.action_mask
     if ref is not None:
         exp.ref_log_probs = results.pop(0)
-        exp.kl = compute_kl(exp.old_log_probs, exp.ref_log_probs, mask, cfg.kl_estimator)
+        if not reuse:  # reused: the KL is the training step's kl_loss (--use_kl_loss), on the same policy
+            exp.kl = compute_kl(exp.old_log_probs, exp.ref_log_probs, mask, cfg.kl_estimator)
     if critic is not None:
         exp.values = results.pop(0)
     timer.add("log_probs", began)
@@ -174,8 +189,8 @@ def fill_log_probs_and_advantages(exp: Experience, cfg: Any, actor: Any, ref: An
         cfg.advantage_estimator, exp.rewards, mask, n_samples_per_prompt=cfg.n_samples_per_prompt,
         values=exp.values, kl=exp.kl, kl_coef=kl_coef, gamma=cfg.gamma, lambd=cfg.lambd,
         reward_clip_range=tuple(cfg.reward_clip_range), std_norm=not cfg.no_advantage_std_norm)
-    metrics = {f"rollout/{k}": float(v) for k, v in
-               logprob_mismatch(exp.old_log_probs, exp.rollout_log_probs, mask).items()}
+    metrics = {} if reuse else {f"rollout/{k}": float(v) for k, v in
+                                logprob_mismatch(exp.old_log_probs, exp.rollout_log_probs, mask).items()}
     if exp.kl is not None:
         metrics["rollout/kl"] = float(masked_mean(exp.kl, mask))
     return metrics

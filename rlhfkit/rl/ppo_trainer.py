@@ -92,7 +92,9 @@ def train_on_experience(s: RLSetup, exp: Experience, step: int) -> dict[str, flo
             updates += 1
     out = {}
     for key, value in sums.items():
-        if key.endswith(("_max", "_min")):
+        if key.startswith("rollout/"):  # measured by the training step (old log-probs from its own forward)
+            out[key] = value if key.endswith(("_max", "_min")) else value / tokens_seen
+        elif key.endswith(("_max", "_min")):
             out[f"train/{key}"] = value
         elif key in ("grad_norm", "lr", "critic_grad_norm", "critic_lr"):
             out[f"train/{key}"] = value / max(1, updates * (s.critic.world_size if "critic" in key and s.critic

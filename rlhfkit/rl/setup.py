@@ -20,6 +20,7 @@ from rlhfkit.config.parse import ConfigError, config_to_dict
 from rlhfkit.config.validate import require
 from rlhfkit.data.prompts import build_prompt_samples
 from rlhfkit.data.readers import blend_datasets
+from rlhfkit.engine.precision import apply_precision
 from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_ids
 from rlhfkit.observability.run import prepare_run_dir
 from rlhfkit.rl.colocation import Phases
@@ -250,7 +251,14 @@ def plan_placement(cfg: Any, has_critic: bool, need_ref: bool, reward_specs: lis
 
 def _groups(cfg: Any, worker_cfg: dict, total_updates: int, has_critic: bool, need_ref: bool,
             reward_specs: list[str], placement: Placement, made: list[ModelGroup]):
-    """Create and initialise the model groups (appending each to `made` as soon as it exists, for clean-up)."""
+    """Create and initialise the model groups (appending each to `made` as soon as it exists, for clean-up).
+
+    On CPU every rank computes on the node's cores split among all model ranks per node (`cpu_threads_share`):
+    the roles' forwards run side by side in the log-prob phase."""
+    roles = ["actor"] + ["ref"] * need_ref + ["critic"] * has_critic + ["reward"] * len(reward_specs)
+    worker_cfg = {**worker_cfg, "cpu_threads_share": sum(_world(cfg, r) // getattr(cfg, f"{r}_num_nodes")
+                                                         for r in roles)}
+
     def group(role: str, key: str) -> ModelGroup:
         pg = placement.groups[key]
         world = _world(cfg, role)
@@ -305,15 +313,15 @@ def cfg_name(spec: str) -> str:
 
 
 def _engines(cfg: Any, path: str, placement: Placement) -> list[Any]:
+    from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES, create_vllm_engines, engine_options_from_args
+
     if cfg.rollout_backend == "hf":
         from rlhfkit.rollout.hf_engine import create_hf_engines
 
-        return create_hf_engines(cfg.vllm_num_engines, path)
-    from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES, create_vllm_engines, engine_options_from_args
+        return create_hf_engines(cfg.vllm_num_engines, path, dtype=ENGINE_DTYPES[cfg.vllm_dtype])
 
     options = engine_options_from_args(cfg)
-    if cfg.vllm_dtype != "auto":
-        options["dtype"] = ENGINE_DTYPES[cfg.vllm_dtype]
+    options["dtype"] = ENGINE_DTYPES[cfg.vllm_dtype]  # resolved by apply_precision (auto = the trainer's)
     if "engines" in placement.groups:  # --colocate_all_models: engine k on the actor's bundle k (x TP)
         share = placement.share("engines")
         options.update(placement_group=placement.groups["engines"], num_gpus_per_engine=share,
@@ -358,6 +366,7 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
     agent = load_agent(cfg.agent_func_path, cfg.agent_action_max_len) if cfg.agent_func_path else None
     owns_ray = start_ray(cfg)
     cfg.vllm_sync_backend = resolve_sync_backend(cfg.vllm_sync_backend, cluster_has_gpus(), cfg.colocate_all_models)
+    apply_precision(cfg, "cuda" if cluster_has_gpus() else "cpu")  # before worker_cfg: workers get concrete dtypes
     prepare_run_dir(cfg, True, _world(cfg, "actor"))
     cfg.pretrain = resolve_pretrain(cfg.pretrain)
     tokenizer = load_tokenizer(cfg.pretrain)
@@ -409,7 +418,8 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
                  "weight sync": cfg.vllm_sync_backend, "prompts": len(prompts),
                  "eval prompts": len(eval_prompts), "samples per step": buffer,
                  "optimizer steps per rollout": updates // max(1, total_steps), "total steps": total_steps,
-                 "estimator": cfg.advantage_estimator}
+                 "estimator": cfg.advantage_estimator, "precision": cfg.precision.summary(),
+                 "engine dtype": cfg.vllm_dtype, "compute threads": _threads_line(actor, engines)}
     if ptx is not None:
         s.summary["ptx samples"] = len(ptx.samples)
     try:
@@ -419,6 +429,15 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
         s.close()
         raise
     return s
+
+
+def _threads_line(actor: ModelGroup, engines: list[Any]) -> str:
+    """"actor 2, engines 2": torch threads per actor rank and per engine (Ray alone would give each 1 on CPU)."""
+    import ray
+
+    engine_threads = ray.get([e.compute_threads.remote() for e in engines]) if engines else []
+    return f"actor {','.join(map(str, sorted(set(actor.call('compute_threads')))))}, engines " + \
+        (",".join(map(str, sorted(set(engine_threads)))) or "none")
 
 
 def _layout(cfg: Any) -> str:

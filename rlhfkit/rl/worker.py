@@ -18,12 +18,14 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.entropy import entropy_from_logits
-from rlhfkit.algorithms.kl import kl_loss
-from rlhfkit.algorithms.offpolicy import importance_weights
+from rlhfkit.algorithms.kl import compute_kl, kl_loss
+from rlhfkit.algorithms.normalize import masked_mean
+from rlhfkit.algorithms.offpolicy import importance_weights, logprob_mismatch
 from rlhfkit.algorithms.policy_loss import ppo_policy_loss
 from rlhfkit.algorithms.supervised import masked_lm_loss
 from rlhfkit.algorithms.value_loss import value_loss
 from rlhfkit.engine.checkpoint import load_checkpoint, save_checkpoint, save_hf_folder
+from rlhfkit.engine.cpu_threads import set_cpu_threads
 from rlhfkit.engine.distributed import init_distributed
 from rlhfkit.engine.fsdp import shard_model
 from rlhfkit.engine.train_engine import TrainEngine
@@ -56,9 +58,9 @@ class ModelWorker:
                  master_port: int) -> None:
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0" if not torch.cuda.is_available()
                           else os.environ.get("LOCAL_RANK", "0"), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
-        threads = cfg.get("torch_threads_per_worker")
-        if threads:
-            torch.set_num_threads(int(threads))
+        if not torch.cuda.is_available():  # Ray gave this actor OMP_NUM_THREADS=1 (it asks for a fraction of a CPU)
+            share = cfg.get("cpu_threads_share") or max(1, world_size // max(1, int(cfg.get(f"{role}_num_nodes") or 1)))
+            set_cpu_threads(int(cfg.get("torch_threads_per_worker") or 0), int(share))
         self.role = role
         self.cfg = SimpleNamespace(**cfg)
         self.dist = init_distributed()
@@ -67,6 +69,7 @@ class ModelWorker:
         self.reward_mean, self.reward_std = 0.0, 1.0
         self.offload_frozen = False
         self.offloaded = False
+        self.has_dropout = False
         self.weight_sender: Any = None  # rank 0 of the actor: a WeightBroadcaster (--vllm_sync_backend gloo|nccl)
         torch.manual_seed(self.cfg.seed + rank)
 
@@ -95,6 +98,7 @@ class ModelWorker:
                                    self.cfg.lora_dropout)
             self.engine = TrainEngine(model, self.cfg, self.dist, total_steps, learning_rate)
             self.model = self.engine.model
+            self.has_dropout = has_active_dropout(model)
         else:
             model.requires_grad_(False)
             self.model = shard_model(model, zero_stage=3, device=self.dist.device, param_dtype=self.cfg.param_dtype)
@@ -103,6 +107,10 @@ class ModelWorker:
             if self.offload_frozen:
                 self._move_model("cpu")
         return sum(p.numel() for p in model.parameters())
+
+    def compute_threads(self) -> int:
+        """torch's intra-op threads in this rank (shown in the ppo start-up table)."""
+        return torch.get_num_threads()
 
     # ----------------------------------------------------------------- memory between phases
     def _on_cuda(self) -> bool:
@@ -220,14 +228,18 @@ class ModelWorker:
             mb = self._to_device(mb)
             mask = mb["action_mask"]
             log_probs, entropy = self._action_log_probs(mb, with_entropy=True)
+            old = mb.get("old_log_probs")
+            if old is None:  # one optimizer step per rollout: the old policy is this one (make_experience)
+                old = self._old_log_probs_of_this_policy(mb, log_probs)
+                _accumulate(sums, self._rollout_metrics(old, mb), mask)
             weights = None
             if cfg.enable_vllm_is_correction:
                 low, high = cfg.vllm_is_truncated_threshold
-                weights, is_metrics = importance_weights(mb["old_log_probs"], mb["rollout_log_probs"], mask,
+                weights, is_metrics = importance_weights(old, mb["rollout_log_probs"], mask,
                                                          correction_type=cfg.vllm_is_correction_type, low=low,
                                                          high=high)
                 _accumulate(sums, is_metrics, mask)
-            loss, metrics = ppo_policy_loss(log_probs, mb["old_log_probs"], mb["advantages"], mask,
+            loss, metrics = ppo_policy_loss(log_probs, old, mb["advantages"], mask,
                                             eps_clip=cfg.eps_clip, eps_clip_low_high=cfg.eps_clip_low_high,
                                             dual_clip=cfg.dual_clip, is_weights=weights, num_tokens=num_tokens)
             if cfg.use_kl_loss:
@@ -253,6 +265,26 @@ class ModelWorker:
         sums["lr"] = self.engine.lr
         return sums
 
+    def _old_log_probs_of_this_policy(self, mb: dict[str, torch.Tensor], log_probs: torch.Tensor) -> torch.Tensor:
+        """The training forward's log-probs, detached; a separate no-grad eval pass where dropout makes the training
+        forward differ from the policy's (what `log_probs` would have returned before the step)."""
+        if not self.has_dropout:
+            return log_probs.detach()
+        self.model.eval()
+        with torch.no_grad():
+            old = self._action_log_probs(mb)[0]
+        self.model.train()
+        return old
+
+    def _rollout_metrics(self, old: torch.Tensor, mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The rollout metrics make_experience reports when it computes the old log-probs itself: trainer/engine
+        mismatch, and with a reference the KL of the policy to it."""
+        mask = mb["action_mask"]
+        out = {f"rollout/{k}": v for k, v in logprob_mismatch(old, mb["rollout_log_probs"], mask).items()}
+        if "ref_log_probs" in mb:
+            out["rollout/kl"] = masked_mean(compute_kl(old, mb["ref_log_probs"], mask, self.cfg.kl_estimator), mask)
+        return out
+
     def train_critic_step(self, shard: dict[str, torch.Tensor], num_tokens: float) -> dict[str, float]:
         """One optimizer step of the clipped value loss (token mean over the global mini-batch)."""
         cfg, world = self.cfg, self.dist.world_size
@@ -274,7 +306,7 @@ class ModelWorker:
     def state_dict_for_sync(self) -> dict[str, torch.Tensor] | None:
         """Full (unsharded) parameters on CPU, tied ones once (what the broadcast sends too); collective, rank 0
         returns them, other ranks None."""
-        named = _weights_for_engines(self.model)
+        named = _weights_for_engines(self.model, self._engine_dtype())
         if self.dist.rank != 0:
             return _drain(named)
         return {name: tensor.cpu() for name, tensor in named}
@@ -296,10 +328,17 @@ class ModelWorker:
     def broadcast_weights(self, bucket_bytes: int) -> SyncStats | None:
         """Collective: every rank gathers the full parameters one at a time (FSDP2 all-gather); rank 0 broadcasts
         them to the engines over the weight group (`join_weight_group` first) and returns the `SyncStats`."""
-        named = _weights_for_engines(self.model)
+        named = _weights_for_engines(self.model, self._engine_dtype())
         if self.dist.rank != 0:
             return _drain(named)
         return self.weight_sender.sync(named, bucket_bytes)
+
+    def _engine_dtype(self) -> torch.dtype | None:
+        """The rollout engines' dtype (--vllm_dtype, resolved by the driver): weights travel in it, so a bf16 engine
+        gets half the bytes and no side casts when trainer and engine agree."""
+        from rlhfkit.engine.precision import TORCH_DTYPES
+
+        return TORCH_DTYPES.get(getattr(self.cfg, "vllm_dtype", None) or "")
 
     def save_checkpoint(self, path: str, step: int, trainer_state: dict[str, Any], max_keep: int) -> str:
         return str(save_checkpoint(path, step, self.model, self.engine.optimizer, self.engine.scheduler,
@@ -312,6 +351,17 @@ class ModelWorker:
         from rlhfkit.models.loading import load_tokenizer
 
         save_hf_folder(self.model, load_tokenizer(tokenizer_spec), out_dir, extra_config)
+
+
+def has_active_dropout(model: torch.nn.Module) -> bool:
+    """Whether a training forward is random: a Dropout module with p > 0 (LoRA's too), or a config dropout rate > 0
+    (attention dropout is functional in most HF models, not a module)."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    rates = {k: v for k, v in (vars(config) if config is not None else {}).items()
+             if ("dropout" in k or k.endswith("pdrop")) and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return any(v > 0 for v in rates.values())
 
 
 def _full_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -328,11 +378,14 @@ def _full_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.
         yield name, tensor
 
 
-def _weights_for_engines(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """What the rollout engines load: full parameters under HF names, LoRA adapters merged into their layers."""
+def _weights_for_engines(model: torch.nn.Module, dtype: torch.dtype | None = None,
+                         ) -> Iterator[tuple[str, torch.Tensor]]:
+    """What the rollout engines load: full parameters under HF names, LoRA adapters merged into their layers, floating
+    tensors in the engines' `dtype` (None: as they are)."""
     from rlhfkit.models.lora import merged_weights
 
-    return merged_weights(model, _full_named_parameters(model))
+    for name, tensor in merged_weights(model, _full_named_parameters(model)):
+        yield name, tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
 
 
 def _drain(named: Iterator[tuple[str, torch.Tensor]]) -> None:

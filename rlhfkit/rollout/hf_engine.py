@@ -21,12 +21,17 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class HFEngine:
     """A causal LM with `generate`/`score` on token ids and in-place bucketed weight updates."""
 
-    def __init__(self, pretrain_path: str, *, dtype: str = "float32", device: str | None = None) -> None:
+    def __init__(self, pretrain_path: str, *, dtype: str = "float32", device: str | None = None,
+                 cpu_threads_share: int | None = None) -> None:
+        """`cpu_threads_share`: in a Ray actor on CPU, use the node's cores split this many ways (Ray gives 1)."""
+        from rlhfkit.engine.cpu_threads import set_cpu_threads
         from rlhfkit.models.loading import load_causal_lm
 
         if dtype not in _DTYPES:
             raise ValueError(f"HFEngine dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if cpu_threads_share and self.device.type == "cpu":
+            set_cpu_threads(0, cpu_threads_share)
         self.model = load_causal_lm(pretrain_path, dtype=_DTYPES[dtype]).to(self.device).eval()
         self.eos_token_ids = _eos_ids(self.model)
         self.pad_token_id = int(self.model.config.pad_token_id)
@@ -110,6 +115,10 @@ class HFEngine:
         """Nothing to finish: there is no cache that outlives a `generate` call."""
 
     # ---- weight sync over a torch.distributed broadcast (--vllm_sync_backend gloo|nccl), see weight_broadcast
+    def compute_threads(self) -> int:
+        """torch's intra-op threads in this engine."""
+        return torch.get_num_threads()
+
     def weight_sync_info(self) -> dict[str, Any]:
         """How many group ranks this engine takes (one: it is a single process) and whether it has CUDA."""
         return {"workers": 1, "cuda": self.device.type == "cuda"}
@@ -168,6 +177,6 @@ def create_hf_engines(
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=placement_group, placement_group_bundle_index=k
             )
-        engines.append(engine_cls.options(**options).remote(pretrain_path, dtype=dtype))
+        engines.append(engine_cls.options(**options).remote(pretrain_path, dtype=dtype, cpu_threads_share=num_engines))
     ray.get([e.ready.remote() for e in engines])
     return engines

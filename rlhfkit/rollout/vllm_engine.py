@@ -40,6 +40,7 @@ class VLLMEngine:
         logprobs_mode: str = "processed_logprobs",
         distributed_executor_backend: str | None = None,
         enable_sleep_mode: bool = False,
+        cpu_threads_share: int = 1,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
@@ -47,6 +48,11 @@ class VLLMEngine:
         self.enable_prefix_caching = enable_prefix_caching
         self.tensor_parallel_size = tensor_parallel_size
         import torch
+
+        if not torch.cuda.is_available():  # before vLLM's CPU worker pins torch.set_num_threads to a no-op
+            from rlhfkit.engine.cpu_threads import set_cpu_threads
+
+            set_cpu_threads(0, cpu_threads_share)
 
         # vLLM's CPU backend crashes on seeded requests whose prompt is prefilled in chunks ("CPU Generator does
         # not use offset" when it rewinds the generator): on CPU, prefill every prompt whole.
@@ -113,6 +119,12 @@ class VLLMEngine:
             self.reset_prefix_cache()
 
     # ---- weight sync over a torch.distributed broadcast (--vllm_sync_backend gloo|nccl), see weight_broadcast
+    def compute_threads(self) -> int:
+        """torch's intra-op threads in this engine (set before vLLM starts; see rlhfkit.engine.cpu_threads)."""
+        import torch
+
+        return torch.get_num_threads()
+
     def weight_sync_info(self) -> dict[str, Any]:
         """How many group ranks this engine takes (its tensor-parallel workers) and whether it runs on CUDA."""
         import torch
@@ -195,7 +207,7 @@ def create_vllm_engines(
 
     Without GPUs in the Ray cluster each actor asks for `num_cpus_per_engine` (logical) CPUs, tensor parallelism
     must be 1, the KV cache gets `cpu_kv_cache_bytes` of host RAM (`gpu_memory_utilization` is not used) and
-    `dtype="auto"` means float32. With GPUs each engine
+    `dtype="auto"` means bf16 where the CPU computes it natively, else float32. With GPUs each engine
     takes `tensor_parallel_size` GPUs: TP 1 runs in the actor (`num_gpus=1`); TP > 1 gives the actor a placement
     group of TP bundles and lets vLLM start its ray workers in it (GPU path written, not tested here). Engine `k`
     is seeded with `seed + k`. Colocated engines (`--colocate_all_models`) pass the models' `placement_group`, a
@@ -207,8 +219,10 @@ def create_vllm_engines(
     if not has_gpus and tensor_parallel_size != 1:
         raise ValueError(f"--vllm_tensor_parallel_size {tensor_parallel_size} needs GPUs; this Ray cluster has none")
     kv_cache_memory_bytes = None if has_gpus else cpu_kv_cache_bytes
-    if dtype == "auto":
-        dtype = "bfloat16" if has_gpus else "float32"
+    if dtype == "auto":  # what --vllm_dtype auto means here (rlhfkit.engine.precision)
+        from rlhfkit.engine.precision import resolve_precision
+
+        dtype = ENGINE_DTYPES[resolve_precision("auto", "cuda" if has_gpus else "cpu").dtype]
     engine_cls = ray.remote(VLLMEngine)
     engines = []
     for k in range(num_engines):
@@ -228,6 +242,7 @@ def create_vllm_engines(
                 logprobs_mode=logprobs_mode,
                 distributed_executor_backend="ray" if tensor_parallel_size > 1 else None,
                 enable_sleep_mode=enable_sleep_mode and has_gpus,
+                cpu_threads_share=num_engines,
             )
         )
     ray.get([e.ready.remote() for e in engines])

@@ -14,6 +14,7 @@ from rlhfkit.config.validate import require, validate_common
 from rlhfkit.data.collate import model_inputs
 from rlhfkit.data.readers import blend_datasets
 from rlhfkit.engine.distributed import DistInfo, init_distributed, shutdown_distributed
+from rlhfkit.engine.precision import apply_precision
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.models.loading import load_tokenizer
 from rlhfkit.models.logprobs import log_probs_from_logits
@@ -57,6 +58,7 @@ def run_offline_command(
         torch.manual_seed(cfg.seed)
         if cfg.full_determinism:
             torch.use_deterministic_algorithms(True)
+        apply_precision(cfg, dist_info.device.type)
         prepare_run_dir(cfg, dist_info.is_main, dist_info.world_size)
         tokenizer = load_tokenizer(cfg.pretrain)
         if cfg.tokenizer_chat_template:

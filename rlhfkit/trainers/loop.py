@@ -145,6 +145,7 @@ def train_offline(cfg: Any, dist_info: DistInfo, engine: TrainEngine, tokenizer:
             "micro batch (per rank)": cfg.micro_train_batch_size, "accumulation steps": plan.accumulation,
             "steps per epoch": plan.steps_per_epoch, "epochs": cfg.max_epochs, "total steps": plan.total_steps,
             "tokens per step (mean)": int(tokens_per_step),
+            "precision": cfg.precision.summary() if hasattr(cfg, "precision") else cfg.param_dtype,
             "dropped per epoch (incomplete batch)": len(train_samples) - plan.steps_per_epoch * cfg.train_batch_size,
             **{f"data: {k}": v for k, v in (data_stats or {}).items()},
             "run dir": cfg.run_dir})

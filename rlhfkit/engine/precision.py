@@ -1,0 +1,224 @@
+"""Precision that fits the hardware: what `--param_dtype auto` and `--vllm_dtype auto` mean on this machine.
+
+auto = bf16 where the device computes it natively, fp32 elsewhere:
+- CUDA: bf16 when `torch.cuda.is_bf16_supported()` (Ampere and newer), else fp32.
+- CPU: bf16 when torch reports AVX512-BF16 or AMX *and* a short matmul probe confirms bf16 is at least as fast as
+  fp32; fp32 otherwise. On an AVX2-only CPU bf16 is emulated: measured on an AMD EPYC (family 25 model 1, AVX2,
+  2 threads) bf16 matmul runs at about 1.3 GFLOP/s against 170 for fp32, so a bf16 run is 30-100x slower there;
+  on an EPYC Zen 4 with AVX512-BF16 bf16 runs at about 400 GFLOP/s against 177.
+
+The probe (two matmul sizes per dtype, well under a second) is cached per machine (CPU model, capability, torch
+version, thread count) under `$RLHFKIT_CACHE` (default `~/.cache/rlhfkit`), so every process after the first
+reads the file. Its rates are also the ceilings the MFU figures are computed against.
+
+`RLHFKIT_AUTO_DTYPE=fp32|bf16` pins what auto means (the test suite pins fp32, so its tolerances hold on every
+CPU; the precision tests lift the pin). The manifest records the pin as the reason.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("rlhfkit")
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_PROBE_SIZE = 512
+_PROBE_SECONDS = 0.08   # per dtype, once the first matmul shows it is fast
+_SLOW_GFLOPS = 8.0      # a bf16 rate below this is emulation: stop probing after one small matmul
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The precision a run computes in, and why. `dtype` is one of bf16, fp16, fp32."""
+
+    dtype: str
+    requested: str
+    device: str                 # cpu | cuda
+    device_name: str            # CPU model or GPU name
+    capability: str             # torch's CPU capability (AVX2, AVX512, ...) or the CUDA compute capability
+    native_bf16: bool
+    fp32_gflops: float | None   # measured matmul rates (None where not measured)
+    bf16_gflops: float | None
+    reason: str
+
+    def ceiling_gflops(self) -> float | None:
+        """The measured matmul rate of the precision in use (what MFU is computed against)."""
+        return self.bf16_gflops if self.dtype in ("bf16", "fp16") else self.fp32_gflops
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One line for the derived-quantities table and the report."""
+        return f"{self.dtype} ({self.reason})"
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name with its family/model numbers (from /proc/cpuinfo where there is one)."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "cpu family", "model") and key not in fields:
+                fields[key] = value.strip()
+            if not line.strip() and fields:
+                break
+    except OSError:
+        pass
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields:
+        name += f" (family {fields['cpu family']} model {fields.get('model', '?')})"
+    return name
+
+
+def cpu_bf16_capability() -> tuple[str, bool]:
+    """(torch's capability string with the bf16 extensions it sees, whether any of them computes bf16 natively)."""
+    cap = torch.backends.cpu.get_cpu_capability()
+    extras = [name for name, probe in (("AVX512-BF16", "_is_avx512_bf16_supported"), ("AMX", "_is_amx_tile_supported"))
+              if getattr(torch.cpu, probe, lambda: False)()]
+    return "+".join([cap, *extras]), bool(extras)
+
+
+def measure_matmul_gflops(dtype: torch.dtype, device: str = "cpu", size: int = _PROBE_SIZE) -> float:
+    """Square-matmul rate in GFLOP/s: one small warm-up, then `size` matmuls for about `_PROBE_SECONDS`. A dtype
+    that the warm-up shows to be emulated (< `_SLOW_GFLOPS`) is reported from the warm-up alone."""
+    def rate(n: int, min_reps: int, seconds: float) -> float:
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        reps, began = 0, time.perf_counter()
+        while reps < min_reps or time.perf_counter() - began < seconds:
+            a @ b
+            reps += 1
+            if device == "cuda":
+                torch.cuda.synchronize()
+        return 2 * n**3 * reps / (time.perf_counter() - began) / 1e9
+
+    warm = rate(size // 2, 1, 0.0)
+    if warm < _SLOW_GFLOPS:
+        return warm
+    rate(size, 1, 0.0)  # first call at full size allocates and picks kernels
+    return rate(size, 2, _PROBE_SECONDS)
+
+
+def _cache_file(key: dict[str, Any]) -> Path:
+    root = Path(os.environ.get("RLHFKIT_CACHE") or Path.home() / ".cache" / "rlhfkit")
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return root / "precision" / f"{digest}.json"
+
+
+def cpu_matmul_rates() -> dict[str, Any]:
+    """This CPU's fp32 and bf16 matmul rates at the current thread count, measured once per machine (cached;
+    concurrent processes wait on a file lock instead of probing at the same time and halving each other's rate)."""
+    capability, _ = cpu_bf16_capability()
+    key = {"cpu": cpu_model_name(), "capability": capability, "torch": torch.__version__,
+           "threads": torch.get_num_threads(), "probe": _PROBE_SIZE}
+    path = _cache_file(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            cached = json.loads(path.read_text())
+            if cached.get("key") == key:
+                return cached
+        rates = {"key": key, "fp32_gflops": round(measure_matmul_gflops(torch.float32), 2),
+                 "bf16_gflops": round(measure_matmul_gflops(torch.bfloat16), 2)}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rates))
+        tmp.replace(path)
+        return rates
+
+
+def _cpu_precision(requested: str) -> Precision:
+    capability, flagged = cpu_bf16_capability()
+    rates = cpu_matmul_rates()
+    fp32, bf16 = rates["fp32_gflops"], rates["bf16_gflops"]
+    native = flagged and bf16 >= fp32
+    facts = f"{capability} CPU, matmul bf16 {_rate(bf16)} vs fp32 {_rate(fp32)} GFLOP/s"
+    if requested != "auto":
+        reason = f"requested; {facts}"
+    elif native:
+        reason = f"auto: native bf16 ({facts})"
+    elif flagged:
+        reason = f"auto: the CPU reports bf16 support but the probe found it slower than fp32 ({facts})"
+    else:
+        reason = f"auto: no native bf16 on this CPU ({facts})"
+    dtype = requested if requested != "auto" else ("bf16" if native else "fp32")
+    return Precision(dtype, requested, "cpu", cpu_model_name(), capability, native, fp32, bf16, reason)
+
+
+def _rate(gflops: float) -> str:
+    return f"{gflops:.0f}" if gflops >= 10 else f"{gflops:.1f}"
+
+
+def _cuda_precision(requested: str) -> Precision:
+    if not torch.cuda.is_available():  # a driver on a CPU head node of a GPU cluster: the workers check again
+        dtype = "bf16" if requested == "auto" else requested
+        return Precision(dtype, requested, "cuda", "GPU of the Ray cluster (not visible to the driver)", "unknown",
+                         True, None, None, "auto: bf16 on GPUs" if requested == "auto" else "requested")
+    native = torch.cuda.is_bf16_supported()
+    major, minor = torch.cuda.get_device_capability()
+    fp32 = round(measure_matmul_gflops(torch.float32, "cuda", 4096), 1)
+    bf16 = round(measure_matmul_gflops(torch.bfloat16, "cuda", 4096), 1)
+    dtype = requested if requested != "auto" else ("bf16" if native else "fp32")
+    why = "requested" if requested != "auto" else ("auto: native bf16" if native else "auto: no bf16 on this GPU")
+    return Precision(dtype, requested, "cuda", torch.cuda.get_device_name(), f"sm_{major}{minor}", native, fp32,
+                     bf16, why)
+
+
+_RESOLVED: dict[tuple[str, str], Precision] = {}
+
+
+def resolve_precision(requested: str, device_type: str) -> Precision:
+    """What `--param_dtype requested` means on a `device_type` ("cpu" or "cuda") device; memoised per process."""
+    if requested not in ("auto", *TORCH_DTYPES):
+        raise ValueError(f"--param_dtype {requested!r}: expected auto, bf16, fp16 or fp32")
+    pinned = os.environ.get("RLHFKIT_AUTO_DTYPE") if requested == "auto" else None
+    if pinned and pinned not in TORCH_DTYPES:
+        raise ValueError(f"RLHFKIT_AUTO_DTYPE={pinned!r}: expected one of {sorted(TORCH_DTYPES)}")
+    key = (requested, device_type, pinned)
+    if key not in _RESOLVED:
+        if pinned:
+            _RESOLVED[key] = Precision(pinned, "auto", device_type, "not probed", "not probed", False, None, None,
+                                       f"auto pinned to {pinned} by RLHFKIT_AUTO_DTYPE")
+        elif device_type == "cuda":
+            _RESOLVED[key] = _cuda_precision(requested)
+        else:
+            _RESOLVED[key] = _cpu_precision(requested)
+    return _RESOLVED[key]
+
+
+def auto_torch_dtype(device: torch.device | str) -> torch.dtype:
+    """The dtype `auto` resolves to on `device`."""
+    return TORCH_DTYPES[resolve_precision("auto", torch.device(device).type).dtype]
+
+
+def apply_precision(cfg: Any, device_type: str) -> Precision:
+    """Resolve `cfg.param_dtype` (and `cfg.vllm_dtype` where the command has it: auto = the trainer's) to concrete
+    values in place, warn once when an explicit half precision runs without native support, and keep the
+    decision on `cfg.precision` (the manifest, the derived-quantities table and the report show it)."""
+    choice = resolve_precision(cfg.param_dtype, device_type)
+    cfg.param_dtype = choice.dtype
+    if getattr(cfg, "vllm_dtype", None) == "auto":
+        cfg.vllm_dtype = choice.dtype
+    half = [f"{flag} {value}" for flag, value in (("--param_dtype", cfg.param_dtype),
+                                                  ("--vllm_dtype", getattr(cfg, "vllm_dtype", None)))
+            if value in ("bf16", "fp16")]
+    if half and device_type == "cpu" and not choice.native_bf16 and choice.bf16_gflops:
+        slowdown = choice.fp32_gflops / choice.bf16_gflops
+        log.warning("%s on a CPU without native bf16 (%s): half-precision matmul measured %.0fx slower than fp32 "
+                    "here; leave it at auto (fp32 on this machine) unless bf16 itself is what you test",
+                    " and ".join(half), choice.reason.removeprefix("requested; "), slowdown)
+    cfg.precision = choice
+    return choice

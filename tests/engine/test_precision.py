@@ -1,0 +1,132 @@
+"""`--param_dtype auto` / `--vllm_dtype auto`: bf16 where the hardware computes it natively, fp32 elsewhere."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlhfkit.engine import precision
+from rlhfkit.engine.fsdp import compute_dtype
+
+AVX2 = ("AVX2", False)
+ZEN4 = ("AVX512+AVX512-BF16", True)
+
+
+@pytest.fixture
+def unpinned(monkeypatch, tmp_path):
+    """auto as a user sees it: no RLHFKIT_AUTO_DTYPE pin, a private probe cache, nothing memoised."""
+    monkeypatch.delenv("RLHFKIT_AUTO_DTYPE", raising=False)
+    monkeypatch.setenv("RLHFKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(precision, "_RESOLVED", {})
+    return tmp_path / "cache"
+
+
+def fake_machine(monkeypatch, capability: tuple[str, bool], fp32: float, bf16: float) -> None:
+    monkeypatch.setattr(precision, "cpu_bf16_capability", lambda: capability)
+    rates = {torch.float32: fp32, torch.bfloat16: bf16}
+    monkeypatch.setattr(precision, "measure_matmul_gflops", lambda dtype, *a, **k: rates[dtype])
+
+
+def test_auto_is_fp32_on_an_avx2_cpu(unpinned, monkeypatch):
+    fake_machine(monkeypatch, AVX2, fp32=170.0, bf16=1.3)
+    choice = precision.resolve_precision("auto", "cpu")
+    assert (choice.dtype, choice.native_bf16) == ("fp32", False)
+    assert "no native bf16" in choice.reason and "bf16 1.3 vs fp32 170" in choice.reason
+    assert choice.ceiling_gflops() == 170.0
+
+
+def test_auto_is_bf16_on_a_cpu_with_avx512_bf16(unpinned, monkeypatch):
+    fake_machine(monkeypatch, ZEN4, fp32=177.0, bf16=404.0)
+    choice = precision.resolve_precision("auto", "cpu")
+    assert (choice.dtype, choice.native_bf16) == ("bf16", True)
+    assert choice.reason.startswith("auto: native bf16") and choice.ceiling_gflops() == 404.0
+    assert compute_dtype("auto", torch.device("cpu")) == torch.bfloat16
+
+
+def test_the_probe_overrules_a_flag_that_does_not_pay(unpinned, monkeypatch):
+    fake_machine(monkeypatch, ZEN4, fp32=177.0, bf16=90.0)  # flags say bf16, the matmul says otherwise
+    choice = precision.resolve_precision("auto", "cpu")
+    assert choice.dtype == "fp32" and "slower than fp32" in choice.reason
+
+
+def test_an_explicit_dtype_is_kept(unpinned, monkeypatch):
+    fake_machine(monkeypatch, AVX2, fp32=170.0, bf16=1.3)
+    assert precision.resolve_precision("bf16", "cpu").dtype == "bf16"
+    assert precision.resolve_precision("fp32", "cpu").reason.startswith("requested")
+    with pytest.raises(ValueError, match="--param_dtype 'int8'"):
+        precision.resolve_precision("int8", "cpu")
+
+
+def test_apply_resolves_both_flags_and_warns_once_with_the_measured_slowdown(unpinned, monkeypatch, caplog):
+    fake_machine(monkeypatch, AVX2, fp32=170.0, bf16=1.7)
+    cfg = SimpleNamespace(param_dtype="auto", vllm_dtype="auto")
+    with caplog.at_level(logging.WARNING, logger="rlhfkit"):
+        choice = precision.apply_precision(cfg, "cpu")
+    assert (cfg.param_dtype, cfg.vllm_dtype, cfg.precision) == ("fp32", "fp32", choice)
+    assert not caplog.records  # auto never warns
+    cfg = SimpleNamespace(param_dtype="fp32", vllm_dtype="bf16")
+    with caplog.at_level(logging.WARNING, logger="rlhfkit"):
+        precision.apply_precision(cfg, "cpu")
+    (record,) = caplog.records
+    assert "--vllm_dtype bf16" in record.getMessage() and "100x slower" in record.getMessage()  # 170 / 1.7
+
+
+def test_the_probe_is_measured_once_per_machine_and_cached(unpinned, monkeypatch):
+    first = precision.cpu_matmul_rates()  # the real probe on this CPU
+    assert first["fp32_gflops"] > 1.0 and first["bf16_gflops"] > 0.0
+    assert first["key"]["cpu"] == precision.cpu_model_name()
+    cached = list(unpinned.glob("precision/*.json"))
+    assert len(cached) == 1 and json.loads(cached[0].read_text()) == first
+
+    def no_probe(*args, **kwargs):
+        raise AssertionError("probed again despite the cache")
+
+    monkeypatch.setattr(precision, "measure_matmul_gflops", no_probe)
+    assert precision.cpu_matmul_rates() == first
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 97)  # another thread count is another machine setting
+    with pytest.raises(AssertionError, match="probed again"):
+        precision.cpu_matmul_rates()
+
+
+def test_this_machine_gets_what_its_hardware_says(unpinned):
+    capability, flagged = precision.cpu_bf16_capability()
+    choice = precision.resolve_precision("auto", "cpu")
+    assert choice.capability == capability
+    assert choice.native_bf16 == (flagged and choice.bf16_gflops >= choice.fp32_gflops)
+    assert choice.dtype == ("bf16" if choice.native_bf16 else "fp32")
+    assert compute_dtype("auto", torch.device("cpu")) == precision.TORCH_DTYPES[choice.dtype]
+
+
+def test_the_suite_pin_and_its_record(monkeypatch):
+    monkeypatch.setattr(precision, "_RESOLVED", {})
+    monkeypatch.setenv("RLHFKIT_AUTO_DTYPE", "bf16")
+    assert precision.resolve_precision("auto", "cpu").reason == "auto pinned to bf16 by RLHFKIT_AUTO_DTYPE"
+    assert precision.resolve_precision("fp32", "cpu").dtype == "fp32"  # explicit flags are not pinned
+    monkeypatch.setenv("RLHFKIT_AUTO_DTYPE", "fp8")
+    with pytest.raises(ValueError, match="RLHFKIT_AUTO_DTYPE='fp8'"):
+        precision.resolve_precision("auto", "cpu")
+
+
+def test_manifest_table_and_report_show_the_choice(tiny_model_dir, unpinned, monkeypatch, tmp_path):
+    from rlhfkit.cli.sft import main as sft_main
+    from rlhfkit.config.parse import flags_to_argv
+    from rlhfkit.data.synthetic import echo_rows, write_jsonl
+
+    fake_machine(monkeypatch, AVX2, fp32=150.0, bf16=1.5)
+    data = write_jsonl(echo_rows(8, seed=1), tmp_path / "train.jsonl")
+    run = tmp_path / "run"
+    sft_main(flags_to_argv({"pretrain": tiny_model_dir, "dataset": data, "input_key": "input",
+                            "output_key": "output", "max_len": 64, "train_batch_size": 4,
+                            "micro_train_batch_size": 4, "max_epochs": 1, "run_dir": str(run)}))
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["config"]["param_dtype"] == "fp32"
+    assert manifest["precision"]["dtype"] == "fp32" and manifest["precision"]["bf16_gflops"] == 1.5
+    assert manifest["precision"]["device_name"] == precision.cpu_model_name()
+    report = Path(run / "report.html").read_text()
+    assert "auto: no native bf16 on this CPU (AVX2 CPU, matmul bf16 1.5 vs fp32 150 GFLOP/s)" in report
+    assert "measured matmul fp32 150.0 GFLOP/s, bf16 1.5 GFLOP/s" in report
