@@ -85,6 +85,37 @@ def build_experience(prompt_ids: list[list[int]], response_ids: list[list[int]],
                       prompt_index=torch.tensor(prompt_index, dtype=torch.long))
 
 
+def trim_padding(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop the columns that are padding in every row: leading prompt padding, trailing response padding. Tensors of
+    the sequence width ([B, P+R]) and of the response width ([B, R], `action_mask`'s) are cut alike; the rest
+    ([B] rows) is kept. Positions come from the attention mask, so the model sees the same inputs per row: a
+    micro-batch of short rows no longer pays for the longest row of the whole rollout."""
+    mask = batch["attention_mask"]
+    seq_width, resp_width = mask.shape[1], batch["action_mask"].shape[1]
+    prompt_width = seq_width - resp_width
+    real = mask.bool()
+    first = int(real.float().argmax(-1).min()) if real.any() else 0
+    left = min(first, prompt_width - 1)                      # keep at least one prompt column
+    used = int(real[:, prompt_width:].sum(-1).max()) if resp_width else 0
+    keep = max(1, used)
+    out = {}
+    for key, value in batch.items():
+        if value.dim() >= 2 and value.shape[1] == seq_width:
+            out[key] = value[:, left:prompt_width + keep]
+        elif value.dim() >= 2 and value.shape[1] == resp_width:
+            out[key] = value[:, :keep]
+        else:
+            out[key] = value
+    return out
+
+
+def sort_rows_by_length(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The rows ordered by real-token count (stable), so consecutive micro-batches hold rows of similar length and
+    `trim_padding` cuts more. For sums over rows only (a training step); outputs per row would need the order back."""
+    order = torch.argsort(batch["attention_mask"].sum(-1), stable=True)
+    return {k: v[order] for k, v in batch.items()}
+
+
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions counted over real tokens only (left padding gets position 0)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

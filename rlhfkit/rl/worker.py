@@ -30,7 +30,7 @@ from rlhfkit.engine.distributed import init_distributed
 from rlhfkit.engine.fsdp import shard_model
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.models.logprobs import log_probs_from_logits
-from rlhfkit.rl.experience import position_ids
+from rlhfkit.rl.experience import position_ids, sort_rows_by_length, trim_padding
 from rlhfkit.rollout.types import SyncStats
 
 
@@ -173,8 +173,9 @@ class ModelWorker:
     def log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per-token log-probs of the response tokens, [B, R] (sampling temperature applied to the logits)."""
         self.model.eval()
+        width = batch["action_mask"].shape[1]
         with self._frozen_on_device():
-            out = [self._action_log_probs(self._to_device(mb))[0].cpu()
+            out = [_pad_to(self._action_log_probs(self._to_device(trim_padding(mb)))[0].cpu(), width)
                    for mb in micro_batches(batch, self.cfg.micro_rollout_batch_size)]
         return torch.cat(out)
 
@@ -205,8 +206,9 @@ class ModelWorker:
     def values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Critic values of the states before each response token, [B, R]."""
         self.model.eval()
+        width = batch["action_mask"].shape[1]
         chunks = micro_batches(batch, self.cfg.micro_rollout_batch_size)
-        out = [self._values(self._to_device(mb)).cpu() for mb in chunks]
+        out = [_pad_to(self._values(self._to_device(trim_padding(mb))).cpu(), width) for mb in chunks]
         return torch.cat(out)
 
     # ----------------------------------------------------------------- training
@@ -224,8 +226,8 @@ class ModelWorker:
         self.model.train()
         sums: dict[str, float] = {}
         budget = cfg.train_max_tokens_per_gpu if cfg.use_dynamic_batch else None
-        for mb in micro_batches(shard, cfg.micro_train_batch_size, budget):
-            mb = self._to_device(mb)
+        for mb in micro_batches(sort_rows_by_length(shard), cfg.micro_train_batch_size, budget):
+            mb = self._to_device(trim_padding(mb))
             mask = mb["action_mask"]
             log_probs, entropy = self._action_log_probs(mb, with_entropy=True)
             old = mb.get("old_log_probs")
@@ -290,8 +292,8 @@ class ModelWorker:
         cfg, world = self.cfg, self.dist.world_size
         self.model.train()
         sums: dict[str, float] = {}
-        for mb in micro_batches(shard, cfg.micro_train_batch_size):
-            mb = self._to_device(mb)
+        for mb in micro_batches(sort_rows_by_length(shard), cfg.micro_train_batch_size):
+            mb = self._to_device(trim_padding(mb))
             values = self._values(mb)
             loss, metrics = value_loss(values, mb["values"], mb["returns"], mb["action_mask"],
                                        value_clip=cfg.value_clip, num_tokens=num_tokens)
@@ -351,6 +353,11 @@ class ModelWorker:
         from rlhfkit.models.loading import load_tokenizer
 
         save_hf_folder(self.model, load_tokenizer(tokenizer_spec), out_dir, extra_config)
+
+
+def _pad_to(values: torch.Tensor, width: int) -> torch.Tensor:
+    """[b, r] per-response-token values of a trimmed micro-batch back to the batch's response width (0 beyond)."""
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
 
 
 def has_active_dropout(model: torch.nn.Module) -> bool:
