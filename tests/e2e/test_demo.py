@@ -16,6 +16,7 @@ def test_demo_runs_grpo_and_prints_before_after(tiny_model_dir, ray_cluster, tmp
                          "--run_dir", str(tmp_path / "demo")])
     out = capsys.readouterr().out
     assert "before:" in out and "after:" in out and "What is" in out
+    assert "precision: fp32 (auto pinned to fp32 by RLHFKIT_AUTO_DTYPE)" in out  # the suite's pin (conftest.py)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "eval/score_mean" in r] == [0, 2]
     assert (run_dir / "report.html").stat().st_size > 10_000
