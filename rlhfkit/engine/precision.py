@@ -189,8 +189,12 @@ def resolve_precision(requested: str, device_type: str) -> Precision:
         raise ValueError(f"RLHFKIT_AUTO_DTYPE={pinned!r}: expected one of {sorted(TORCH_DTYPES)}")
     key = (requested, device_type, pinned)
     if key not in _RESOLVED:
-        if pinned:
-            _RESOLVED[key] = Precision(pinned, "auto", device_type, "not probed", "not probed", False, None, None,
+        if pinned:  # the rates are still measured (MFU needs the ceiling); the decision is the pin's
+            rates = cpu_matmul_rates() if device_type == "cpu" else {}
+            capability, flagged = cpu_bf16_capability() if device_type == "cpu" else ("not probed", False)
+            native = flagged and rates.get("bf16_gflops", 0) >= rates.get("fp32_gflops", 1)
+            _RESOLVED[key] = Precision(pinned, "auto", device_type, cpu_model_name() if rates else "not probed",
+                                       capability, native, rates.get("fp32_gflops"), rates.get("bf16_gflops"),
                                        f"auto pinned to {pinned} by RLHFKIT_AUTO_DTYPE")
         elif device_type == "cuda":
             _RESOLVED[key] = _cuda_precision(requested)

@@ -44,6 +44,7 @@ class ModelGroup:
 
         self.role = role
         self.placement_group = placement_group
+        self.params = 0  # the model's parameter count, once init_model has run (rl.setup)
         gpus = cluster_has_gpus()
         remote_cls = ray.remote(ModelWorker)
         self.workers: list[Any] = []

@@ -21,8 +21,9 @@ import torch
 from rlhfkit.config.parse import ConfigError, config_to_dict
 from rlhfkit.observability.console import print_derived_table, progress_bar
 from rlhfkit.observability.metrics import MetricsLogger
+from rlhfkit.observability.mfu import mfu
 from rlhfkit.rl.experience import Experience, split_rows
-from rlhfkit.rl.group import run_side_by_side
+from rlhfkit.rl.group import cluster_has_gpus, run_side_by_side
 from rlhfkit.rl.make_experience import (
     PromptStream,
     Rollout,
@@ -131,6 +132,27 @@ def sync_engines(s: RLSetup, timer: Timer) -> dict[str, float]:
     return {"sync/bytes": stats.bytes, "sync/buckets": stats.buckets}
 
 
+def stage_utilisation(s: RLSetup, exp: Experience, timer: Timer) -> dict[str, float]:
+    """perf/mfu_training and perf/mfu_log_probs (model FLOPs over the measured matmul ceiling of the precision in
+    use, `rlhfkit.observability.mfu`) and perf/generation_tokens_per_s. The critic's FLOPs count where it works in
+    the same stage; the reference's and critic's forwards in the log-prob stage."""
+    cfg, flops, seconds = s.cfg, s.flops, timer.seconds
+    tokens, logit_tokens = float(exp.attention_mask.sum()), float(exp.action_mask.shape[0] + exp.action_mask.sum())
+    out = {"perf/generation_tokens_per_s": float(exp.action_mask.sum()) / max(seconds.get("generation", 0.0), 1e-9)}
+    if flops is None:
+        return out
+    ceiling = cfg.precision.ceiling_gflops()
+    devices = s.actor.world_size if cluster_has_gpus() else cfg.actor_num_nodes
+    train = flops.training(tokens, logit_tokens) + (flops.training(tokens, 0) if s.critic is not None else 0.0)
+    policy_passes = (exp.old_log_probs is not None) + (s.ref is not None)  # actor (unless reused) and reference
+    forward = flops.forward(tokens, logit_tokens) * policy_passes + flops.forward(tokens, 0) * (s.critic is not None)
+    for stage, done in (("training", train * cfg.max_epochs), ("log_probs", forward)):
+        value = mfu(done, seconds.get(stage, 0.0), ceiling, devices)
+        if value is not None and done > 0:
+            out[f"perf/mfu_{stage}"] = value
+    return out
+
+
 def rollout_metrics(rollout: Rollout, exp: Experience) -> dict[str, float]:
     lengths = exp.response_length.float()
     rewards = rollout.rewards
@@ -225,6 +247,7 @@ def _loop(s: RLSetup) -> dict[str, float]:
             metrics["time/wait_rollout"] = time.perf_counter() - waited
         metrics.update(sync_engines(s, timer))
         metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
+        metrics.update(stage_utilisation(s, exp, timer))
         metrics["time/step"] = time.perf_counter() - began
         if cfg.save_steps > 0 and step % cfg.save_steps == 0:
             s.save_checkpoint(step, stream.cursor)

@@ -22,6 +22,7 @@ from rlhfkit.data.prompts import build_prompt_samples
 from rlhfkit.data.readers import blend_datasets
 from rlhfkit.engine.precision import apply_precision
 from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_ids
+from rlhfkit.observability.mfu import FlopModel
 from rlhfkit.observability.run import prepare_run_dir
 from rlhfkit.rl.colocation import Phases
 from rlhfkit.rl.group import ModelGroup, cluster_has_gpus, make_placement_group
@@ -58,6 +59,7 @@ class RLSetup:
     phases: Phases | None = None
     placement_groups: list[Any] = field(default_factory=list)
     agent: AgentSpec | None = None                            # --agent_func_path: multi-turn episodes
+    flops: FlopModel | None = None                            # the actor's FLOPs per token (perf/mfu_* metrics)
 
     @property
     def groups(self) -> list[ModelGroup]:
@@ -281,20 +283,23 @@ def _groups(cfg: Any, worker_cfg: dict, total_updates: int, has_critic: bool, ne
     for k, spec in enumerate(reward_specs):
         rewards.append(group("reward", f"reward{k}"))
         pending.append((rewards[-1], ("init_model", spec, False, 1, 0.0, True, True)))
-    _init_all(pending)
+    actor.params = _init_all(pending)[0]
     return actor, ref, critic, rewards
 
 
-def _init_all(pending: list[tuple[ModelGroup, tuple]]) -> None:
-    """Initialise every group's model concurrently (the groups load in parallel, each rank set collectively)."""
+def _init_all(pending: list[tuple[ModelGroup, tuple]]) -> list[int]:
+    """Initialise every group's model concurrently (the groups load in parallel, each rank set collectively);
+    returns each group's parameter count."""
     import ray
 
     refs = [[getattr(w, args[0]).remote(*args[1:]) for w in g.workers] for g, args in pending]
+    counts = []
     for (g, args), group_refs in zip(pending, refs):
         try:
-            ray.get(group_refs)
+            counts.append(ray.get(group_refs)[0])
         except Exception as err:
             raise RuntimeError(f"loading the {g.role} model {args[1]!r} failed: {err}") from err
+    return counts
 
 
 def _check_reward_tokenizers(tokenizer: Any, specs: list[str]) -> None:
@@ -406,9 +411,12 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
         _abandon(made, placement.owned, engines if owns_engines else None)
         raise
     stop_ids = stop_token_ids(tokenizer)
+    from transformers import AutoConfig
+
+    flops = FlopModel.from_config(AutoConfig.from_pretrained(cfg.pretrain), actor.params)
     s = RLSetup(cfg, tokenizer, prompts, eval_prompts, actor, ref, critic, engines, reward_fn, stop_ids, total_steps,
                 owns_ray=owns_ray, owns_engines=owns_engines, rewards=reward_groups, ptx=ptx,
-                placement_groups=placement.owned, agent=agent)
+                placement_groups=placement.owned, agent=agent, flops=flops)
     s.phases = Phases.from_config(cfg, engines, [actor, critic], cluster_has_gpus())
     s.summary = {"actor ranks": actor.world_size, "reference": ref.world_size if ref else "off (init_kl_coef 0)",
                  "critic": critic.world_size if critic else "off",
