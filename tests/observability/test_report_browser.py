@@ -23,8 +23,8 @@ WINDOW = (1200, 2000)
 
 def find_browser() -> str | None:
     explicit = os.environ.get("RLHFKIT_CHROMIUM")
-    if explicit:
-        return explicit
+    if explicit:  # a path that does not exist counts as no browser (and names itself in the skip reason)
+        return explicit if shutil.which(explicit) else None
     return next((path for path in map(shutil.which, BROWSERS) if path), None)
 
 
