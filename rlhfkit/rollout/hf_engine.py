@@ -101,7 +101,8 @@ class HFEngine:
         return [logp[row, len(p) - 1 : len(s) - 1].tolist() for row, (p, s) in enumerate(zip(prompt_ids, seqs))]
 
     def begin_weight_update(self) -> None:
-        """Nothing to prepare: parameters are overwritten in place bucket by bucket."""
+        """Parameters are overwritten in place bucket by bucket; start recording which."""
+        self._loaded: set[str] = set()
 
     @torch.no_grad()
     def load_weight_bucket(self, named_tensors: NamedTensors) -> int:
@@ -109,10 +110,14 @@ class HFEngine:
         result = self.model.load_state_dict(dict(named_tensors), strict=False)
         if result.unexpected_keys:
             raise KeyError(f"weight sync sent names the HF engine's model does not have: {result.unexpected_keys[:8]}")
+        getattr(self, "_loaded", set()).update(name for name, _ in named_tensors)
         return len(named_tensors)
 
     def finish_weight_update(self) -> None:
-        """Nothing to finish: there is no cache that outlives a `generate` call."""
+        """Check that every parameter was written (no cache outlives a `generate` call, so nothing else to do)."""
+        from rlhfkit.rollout.worker_ext import check_every_parameter_loaded
+
+        check_every_parameter_loaded(self.model, getattr(self, "_loaded", set()), "HF engine")
 
     # ---- weight sync over a torch.distributed broadcast (--vllm_sync_backend gloo|nccl), see weight_broadcast
     def compute_threads(self) -> int:

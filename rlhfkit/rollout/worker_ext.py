@@ -65,6 +65,7 @@ class WeightReloadExtension:
         runner.reset_encoder_cache()
         runner.reset_mm_cache()
         self._rlhf_loaded = None
+        check_every_parameter_loaded(runner.get_model(), loaded, "vLLM engine")
         return len(loaded)
 
     def rlhf_join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str,
@@ -94,6 +95,19 @@ class WeightReloadExtension:
         if loaded is None:
             raise RuntimeError(f"{caller} called outside a weight update: call rlhf_begin_weight_update first")
         return loaded
+
+
+def check_every_parameter_loaded(model: torch.nn.Module, loaded: set[str], engine: str) -> None:
+    """A sync must write every parameter of the engine's model (tied ones count once): a parameter the trainer's names
+    do not reach keeps its old values and the engine samples from a different model than the one trained, silently.
+    Raises naming the parameters."""
+    expected = {name for name, _ in model.named_parameters()}
+    missing = sorted(expected - loaded)
+    if missing:
+        shown = ", ".join(missing[:6]) + (f", ... ({len(missing) - 6} more)" if len(missing) > 6 else "")
+        raise RuntimeError(f"weight sync left {len(missing)} of {len(expected)} {engine} parameters unloaded: "
+                           f"{shown}. The trainer's weight names do not cover this model's (renamed or fused "
+                           "parameters?); the engine would keep stale weights, so the run stops here.")
 
 
 def _reprocess_tied_modules(model: torch.nn.Module) -> None:

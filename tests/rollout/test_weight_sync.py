@@ -200,3 +200,18 @@ def test_nccl_broadcast_from_a_gpu_actor(rollout_vllm_engine, tiny_model_dir, ro
     [got] = ray.get(engine.score.remote([rollout_prompts[0]], [[5, 6, 7]]))
     assert _max_abs_diff(got, trainer_logprobs(trainer, rollout_prompts[0], [5, 6, 7])) < 1e-2  # TF32 on GPU
     sync_weights([engine], named_weights_for_sync(load_causal_lm(tiny_model_dir)))
+
+
+@pytest.mark.parametrize("transport", ["ray", "gloo"])
+def test_a_sync_that_misses_a_parameter_stops_naming_it(engines, sender, tiny_model_dir, transport):
+    """Every engine parameter must be written by a sync: one the trainer's names do not reach would keep stale
+    values and the engine would sample from another model, silently."""
+    from rlhfkit.models.loading import load_causal_lm
+
+    named = [(n, t) for n, t in named_weights_for_sync(load_causal_lm(tiny_model_dir))
+             if n != "model.layers.1.post_attention_layernorm.weight"]
+    with pytest.raises(ray.exceptions.RayTaskError) as err:
+        sender(named)
+    message = str(err.value)
+    assert "weight sync left 1 of" in message and "model.layers.1.post_attention_layernorm.weight" in message
+    assert "parameters unloaded" in message
