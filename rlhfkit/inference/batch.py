@@ -127,6 +127,7 @@ def generate(cfg: Any, engines: list[Any] | None, stats: dict[str, Any]) -> list
     owned = engines is None
     if owned:
         engines, owns_ray = start_engines(cfg, path)
+        stats["precision"] = cfg.precision.summary()  # what --param_dtype resolved to, and why
     began = time.perf_counter()
     try:
         samples = generate_on_engines(engines, [p["prompt_ids"] for p in prompts], sampling)

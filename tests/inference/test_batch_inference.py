@@ -96,7 +96,9 @@ def test_the_command_starts_its_own_engine(tiny_model_dir, prompt_file, ray_clus
                         "greedy_sampling": True, "best_of_n": 2, "max_samples": 2}))
     rows = read(out)
     assert len(rows) == 4 and rows[0]["output"] == rows[1]["output"]  # greedy: both samples agree
-    assert "wrote 4 rows" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "wrote 4 rows" in printed
+    assert "fp32 (auto pinned to fp32 by RLHFKIT_AUTO_DTYPE)" in printed  # the resolved precision is reported
 
 
 @pytest.mark.parametrize("flags, message", [
