@@ -45,7 +45,7 @@ PRETRAIN = "embedded:smollm2-135m-instruct"
 TRAIN_PROMPTS, EVAL_PROMPTS = 64, 64
 TRL_CONFIG: dict[str, Any] = {
     "per_device_train_batch_size": 32, "num_generations": 8, "max_completion_length": 24, "temperature": 0.7,
-    "learning_rate": 8e-6, "lr_scheduler_type": "constant", "warmup_ratio": 0.0, "beta": 0.0, "max_steps": 16,
+    "learning_rate": 8e-6, "lr_scheduler_type": "constant", "warmup_steps": 0, "beta": 0.0, "max_steps": 16,
     "use_cpu": True, "bf16": False, "seed": 42, "report_to": [], "save_strategy": "no", "num_iterations": 1,
     "logging_steps": 1,
 }
@@ -65,8 +65,8 @@ def save_results(update: dict[str, Any]) -> dict[str, Any]:
     capability, native_bf16 = cpu_bf16_capability()
     results["machine"] = {"cpu": cpu_model_name(), "torch_capability": capability, "native_bf16": native_bf16,
                           "torch": torch.__version__, "threads": torch.get_num_threads()}
-    for key, value in update.items():
-        results.setdefault(key, {}).update(value) if isinstance(value, dict) else results.__setitem__(key, value)
+    for key, entries in update.items():
+        results.setdefault(key, {}).update(entries)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     return results
@@ -101,7 +101,8 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
                                                     "completions/mean_length", "grad_norm")}
                for h in trainer.state.log_history if "reward" in h]
     record = {"trl_version": trl.__version__, "loss_type": grpo_config.loss_type,
-              "scale_rewards": grpo_config.scale_rewards, "adam_betas": [grpo_config.adam_beta1, grpo_config.adam_beta2],
+              "scale_rewards": grpo_config.scale_rewards,
+              "adam_betas": [grpo_config.adam_beta1, grpo_config.adam_beta2],
               "max_grad_norm": grpo_config.max_grad_norm, "weight_decay": grpo_config.weight_decay,
               "epsilon": grpo_config.epsilon, "top_p": grpo_config.top_p, "top_k": grpo_config.top_k,
               "generation_batch_size": grpo_config.generation_batch_size,
@@ -125,6 +126,9 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         subprocess.run(argv, check=True)
         seconds = time.perf_counter() - began
         rows = [json.loads(line) for line in out.read_text().splitlines()]
+        if args.rows_out:
+            Path(args.rows_out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.rows_out).write_text(out.read_text())
     rewards = [float(r["reward"]) for r in rows]
     by_prompt: dict[int, list[float]] = {}
     for r in rows:
@@ -161,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     eval_p = sub.add_parser("eval", help="held-out accuracy of a model folder (or embedded:...)")
     eval_p.add_argument("--model", required=True)
     eval_p.add_argument("--name", required=True, help="key of this model in the results")
+    eval_p.add_argument("--rows_out", default=None, help="also keep the scored rows (.jsonl) here")
     sub.add_parser("table", help="print the table from the results file")
     args = parser.parse_args(argv)
     if args.mode == "trl":
