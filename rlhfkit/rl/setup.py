@@ -20,7 +20,7 @@ from rlhfkit.config.parse import ConfigError, config_to_dict
 from rlhfkit.config.validate import require
 from rlhfkit.data.prompts import build_prompt_samples
 from rlhfkit.data.readers import blend_datasets
-from rlhfkit.engine.precision import apply_precision
+from rlhfkit.engine.precision import apply_precision, cpu_matmul_rates
 from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_ids
 from rlhfkit.observability.mfu import FlopModel
 from rlhfkit.observability.run import prepare_run_dir
@@ -369,6 +369,8 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
     """Everything a run needs. `engines`: already-running rollout engines to reuse (tests, notebooks)."""
     validate_rl(cfg)
     agent = load_agent(cfg.agent_func_path, cfg.agent_action_max_len) if cfg.agent_func_path else None
+    if not torch.cuda.is_available():
+        cpu_matmul_rates()  # the precision probe, before Ray's start-up processes compete for the cores (cached)
     owns_ray = start_ray(cfg)
     cfg.vllm_sync_backend = resolve_sync_backend(cfg.vllm_sync_backend, cluster_has_gpus(), cfg.colocate_all_models)
     apply_precision(cfg, "cuda" if cluster_has_gpus() else "cpu")  # before worker_cfg: workers get concrete dtypes

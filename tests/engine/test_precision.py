@@ -130,3 +130,49 @@ def test_manifest_table_and_report_show_the_choice(tiny_model_dir, unpinned, mon
     report = Path(run / "report.html").read_text()
     assert "auto: no native bf16 on this CPU (AVX2 CPU, matmul bf16 1.5 vs fp32 150 GFLOP/s)" in report
     assert "measured matmul fp32 150.0 GFLOP/s, bf16 1.5 GFLOP/s" in report
+
+
+def test_a_fresh_process_probe_is_not_fooled_by_the_first_call():
+    """The first matmul of a process starts the thread pool: timed, it read fp32 as 2 GFLOP/s on a 170 GFLOP/s CPU
+    (and would read bf16 as slow on a CPU that has it). The probe leaves it out of the timing."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from rlhfkit.engine.precision import measure_matmul_gflops; "
+            "print(measure_matmul_gflops(torch.float32))")
+    fresh = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                 timeout=120).stdout.split()[-1])
+    warm = max(precision.measure_matmul_gflops(torch.float32) for _ in range(2))
+    assert fresh > warm / 5, (fresh, warm)  # a factor of 5 for load noise; the bug was a factor of ~90
+
+
+def test_ppo_probes_the_cpu_before_ray_starts(monkeypatch, tiny_model_dir, echo_prompt_file):
+    """At a run's start Ray's worker processes load both cores for seconds; a probe then read fp32 as 2 GFLOP/s."""
+    from rlhfkit.config.parse import parse_config
+    from rlhfkit.config.rl_options import RL_GROUPS
+    from rlhfkit.rl import setup
+
+    calls = []
+
+    def fake_start_ray(cfg):
+        calls.append("ray")
+        raise RuntimeError("stop after Ray")
+
+    monkeypatch.setattr(setup, "cpu_matmul_rates", lambda: calls.append("probe"))
+    monkeypatch.setattr(setup, "start_ray", fake_start_ray)
+    cfg = parse_config("ppo", RL_GROUPS, ["--pretrain", tiny_model_dir, "--prompt_data", echo_prompt_file,
+                                          "--remote_rm_url", "builtin:exact", "--advantage_estimator", "rloo",
+                                          "--n_samples_per_prompt", "2"])
+    with pytest.raises(RuntimeError, match="stop after Ray"):
+        setup.build_setup(cfg)
+    assert calls == ["probe", "ray"]
+
+
+def test_a_probe_on_a_busy_machine_is_not_cached_and_the_flags_decide(unpinned, monkeypatch):
+    fake_machine(monkeypatch, ZEN4, fp32=2.0, bf16=1.1)  # what two busy processes did to a 2-core probe
+    choice = precision.resolve_precision("auto", "cpu")
+    assert choice.dtype == "bf16" and "busy during the probe" in choice.reason
+    assert not list(unpinned.glob("precision/*.json"))  # the next run probes again
+    monkeypatch.setattr(precision, "_RESOLVED", {})
+    fake_machine(monkeypatch, AVX2, fp32=2.0, bf16=1.1)
+    assert precision.resolve_precision("auto", "cpu").dtype == "fp32"
