@@ -173,10 +173,12 @@ def _rate(gflops: float) -> str:
     return f"{gflops:.0f}" if gflops >= 10 else f"{gflops:.1f}"
 
 
-def _cuda_precision(requested: str) -> Precision:
-    if not torch.cuda.is_available():  # a driver on a CPU head node of a GPU cluster: the workers check again
+def _cuda_precision(requested: str, touch_device: bool = True) -> Precision:
+    """`touch_device=False` (a Ray driver): decide without creating a CUDA context in this process, which would take
+    GPU memory the colocated engines and trainers count on; GPUs that train with RL are bf16-capable (Ampere+)."""
+    if not touch_device or not torch.cuda.is_available():
         dtype = "bf16" if requested == "auto" else requested
-        return Precision(dtype, requested, "cuda", "GPU of the Ray cluster (not visible to the driver)", "unknown",
+        return Precision(dtype, requested, "cuda", "GPUs of the Ray cluster (not touched by the driver)", "unknown",
                          True, None, None, "auto: bf16 on GPUs" if requested == "auto" else "requested")
     native = torch.cuda.is_bf16_supported()
     major, minor = torch.cuda.get_device_capability()
@@ -188,17 +190,18 @@ def _cuda_precision(requested: str) -> Precision:
                      bf16, why)
 
 
-_RESOLVED: dict[tuple[str, str], Precision] = {}
+_RESOLVED: dict[tuple, Precision] = {}
 
 
-def resolve_precision(requested: str, device_type: str) -> Precision:
-    """What `--param_dtype requested` means on a `device_type` ("cpu" or "cuda") device; memoised per process."""
+def resolve_precision(requested: str, device_type: str, touch_device: bool = True) -> Precision:
+    """What `--param_dtype requested` means on a `device_type` ("cpu" or "cuda") device; memoised per process.
+    `touch_device=False`: never initialise CUDA here (the Ray driver of an online run)."""
     if requested not in ("auto", *TORCH_DTYPES):
         raise ValueError(f"--param_dtype {requested!r}: expected auto, bf16, fp16 or fp32")
     pinned = os.environ.get("RLHFKIT_AUTO_DTYPE") if requested == "auto" else None
     if pinned and pinned not in TORCH_DTYPES:
         raise ValueError(f"RLHFKIT_AUTO_DTYPE={pinned!r}: expected one of {sorted(TORCH_DTYPES)}")
-    key = (requested, device_type, pinned)
+    key = (requested, device_type, pinned, touch_device)
     if key not in _RESOLVED:
         if pinned:  # the rates are still measured (MFU needs the ceiling); the decision is the pin's
             rates = cpu_matmul_rates() if device_type == "cpu" else {}
@@ -208,7 +211,7 @@ def resolve_precision(requested: str, device_type: str) -> Precision:
                                        capability, native, rates.get("fp32_gflops"), rates.get("bf16_gflops"),
                                        f"auto pinned to {pinned} by RLHFKIT_AUTO_DTYPE")
         elif device_type == "cuda":
-            _RESOLVED[key] = _cuda_precision(requested)
+            _RESOLVED[key] = _cuda_precision(requested, touch_device)
         else:
             _RESOLVED[key] = _cpu_precision(requested)
     return _RESOLVED[key]
@@ -219,11 +222,11 @@ def auto_torch_dtype(device: torch.device | str) -> torch.dtype:
     return TORCH_DTYPES[resolve_precision("auto", torch.device(device).type).dtype]
 
 
-def apply_precision(cfg: Any, device_type: str) -> Precision:
+def apply_precision(cfg: Any, device_type: str, touch_device: bool = True) -> Precision:
     """Resolve `cfg.param_dtype` (and `cfg.vllm_dtype` where the command has it: auto = the trainer's) to concrete
     values in place, warn once when an explicit half precision runs without native support, and keep the
     decision on `cfg.precision` (the manifest, the derived-quantities table and the report show it)."""
-    choice = resolve_precision(cfg.param_dtype, device_type)
+    choice = resolve_precision(cfg.param_dtype, device_type, touch_device)
     cfg.param_dtype = choice.dtype
     if getattr(cfg, "vllm_dtype", None) == "auto":
         cfg.vllm_dtype = choice.dtype

@@ -160,7 +160,7 @@ def start_engines(cfg: Any, path: str) -> tuple[list[Any], bool]:
     if not torch.cuda.is_available():
         cpu_matmul_rates()  # the precision probe, before Ray's start-up processes compete for the cores (cached)
     owns_ray = start_ray(cfg)
-    apply_precision(cfg, "cuda" if cluster_has_gpus() else "cpu")
+    apply_precision(cfg, "cuda" if cluster_has_gpus() else "cpu", touch_device=False)
     if cfg.eval_task == "generate":
         from rlhfkit.rollout.hf_engine import create_hf_engines
 

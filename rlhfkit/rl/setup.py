@@ -373,7 +373,8 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
         cpu_matmul_rates()  # the precision probe, before Ray's start-up processes compete for the cores (cached)
     owns_ray = start_ray(cfg)
     cfg.vllm_sync_backend = resolve_sync_backend(cfg.vllm_sync_backend, cluster_has_gpus(), cfg.colocate_all_models)
-    apply_precision(cfg, "cuda" if cluster_has_gpus() else "cpu")  # before worker_cfg: workers get concrete dtypes
+    # before worker_cfg (workers get concrete dtypes); the driver never creates a CUDA context of its own
+    apply_precision(cfg, "cuda" if cluster_has_gpus() else "cpu", touch_device=False)
     prepare_run_dir(cfg, True, _world(cfg, "actor"))
     cfg.pretrain = resolve_pretrain(cfg.pretrain)
     tokenizer = load_tokenizer(cfg.pretrain)

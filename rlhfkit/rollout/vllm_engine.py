@@ -222,7 +222,7 @@ def create_vllm_engines(
     if dtype == "auto":  # what --vllm_dtype auto means here (rlhfkit.engine.precision)
         from rlhfkit.engine.precision import resolve_precision
 
-        dtype = ENGINE_DTYPES[resolve_precision("auto", "cuda" if has_gpus else "cpu").dtype]
+        dtype = ENGINE_DTYPES[resolve_precision("auto", "cuda" if has_gpus else "cpu", touch_device=False).dtype]
     engine_cls = ray.remote(VLLMEngine)
     engines = []
     for k in range(num_engines):

@@ -176,3 +176,19 @@ def test_a_probe_on_a_busy_machine_is_not_cached_and_the_flags_decide(unpinned, 
     monkeypatch.setattr(precision, "_RESOLVED", {})
     fake_machine(monkeypatch, AVX2, fp32=2.0, bf16=1.1)
     assert precision.resolve_precision("auto", "cpu").dtype == "fp32"
+
+
+def test_the_ray_driver_never_creates_a_cuda_context(unpinned, monkeypatch):
+    """A CUDA context in the driver takes GPU memory that colocated engines and trainers count on."""
+    def no_cuda(*args, **kwargs):
+        raise AssertionError("the driver touched CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name in ("is_bf16_supported", "get_device_capability", "get_device_name", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, no_cuda)
+    monkeypatch.setattr(precision, "measure_matmul_gflops", no_cuda)
+    cfg = SimpleNamespace(param_dtype="auto", vllm_dtype="auto")
+    choice = precision.apply_precision(cfg, "cuda", touch_device=False)
+    assert (cfg.param_dtype, cfg.vllm_dtype, choice.reason) == ("bf16", "bf16", "auto: bf16 on GPUs")
+    with pytest.raises(AssertionError, match="touched CUDA"):  # a training rank does look at its own GPU
+        precision.resolve_precision("auto", "cuda")
