@@ -24,7 +24,7 @@ import logging
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -203,17 +203,10 @@ def resolve_precision(requested: str, device_type: str, touch_device: bool = Tru
         raise ValueError(f"RLHFKIT_AUTO_DTYPE={pinned!r}: expected one of {sorted(TORCH_DTYPES)}")
     key = (requested, device_type, pinned, touch_device)
     if key not in _RESOLVED:
-        if pinned:  # the rates are still measured (MFU needs the ceiling); the decision is the pin's
-            rates = cpu_matmul_rates() if device_type == "cpu" else {}
-            capability, flagged = cpu_bf16_capability() if device_type == "cpu" else ("not probed", False)
-            native = flagged and rates.get("bf16_gflops", 0) >= rates.get("fp32_gflops", 1)
-            _RESOLVED[key] = Precision(pinned, "auto", device_type, cpu_model_name() if rates else "not probed",
-                                       capability, native, rates.get("fp32_gflops"), rates.get("bf16_gflops"),
-                                       f"auto pinned to {pinned} by RLHFKIT_AUTO_DTYPE")
-        elif device_type == "cuda":
-            _RESOLVED[key] = _cuda_precision(requested, touch_device)
-        else:
-            _RESOLVED[key] = _cpu_precision(requested)
+        choice = _cuda_precision(requested, touch_device) if device_type == "cuda" else _cpu_precision(requested)
+        if pinned:  # the hardware facts stay measured (MFU needs the ceiling); the decision is the pin's
+            choice = replace(choice, dtype=pinned, reason=f"auto pinned to {pinned} by RLHFKIT_AUTO_DTYPE")
+        _RESOLVED[key] = choice
     return _RESOLVED[key]
 
 

@@ -21,8 +21,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from rlhfkit.config.parse import ConfigError
 from rlhfkit.data.errors import row_error
 from rlhfkit.data.formatting import get_field
@@ -153,12 +151,10 @@ def generate(cfg: Any, engines: list[Any] | None, stats: dict[str, Any]) -> list
 
 
 def start_engines(cfg: Any, path: str) -> tuple[list[Any], bool]:
-    from rlhfkit.engine.precision import apply_precision, cpu_matmul_rates
+    from rlhfkit.engine.precision import apply_precision
     from rlhfkit.rl.group import cluster_has_gpus
     from rlhfkit.rl.setup import start_ray
 
-    if not torch.cuda.is_available():
-        cpu_matmul_rates()  # the precision probe, before Ray's start-up processes compete for the cores (cached)
     owns_ray = start_ray(cfg)
     apply_precision(cfg, "cuda" if cluster_has_gpus() else "cpu", touch_device=False)
     if cfg.eval_task == "generate":

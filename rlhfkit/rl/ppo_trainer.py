@@ -23,7 +23,7 @@ from rlhfkit.observability.console import print_derived_table, progress_bar
 from rlhfkit.observability.metrics import MetricsLogger
 from rlhfkit.observability.mfu import mfu
 from rlhfkit.rl.experience import Experience, split_rows
-from rlhfkit.rl.group import cluster_has_gpus, run_side_by_side
+from rlhfkit.rl.group import run_side_by_side
 from rlhfkit.rl.make_experience import (
     PromptStream,
     Rollout,
@@ -142,7 +142,7 @@ def stage_utilisation(s: RLSetup, exp: Experience, timer: Timer) -> dict[str, fl
     if flops is None:
         return out
     ceiling = cfg.precision.ceiling_gflops()
-    devices = s.actor.world_size if cluster_has_gpus() else cfg.actor_num_nodes
+    devices = s.actor.world_size if cfg.precision.device == "cuda" else cfg.actor_num_nodes
     train = flops.training(tokens, logit_tokens) + (flops.training(tokens, 0) if s.critic is not None else 0.0)
     policy_passes = (exp.old_log_probs is not None) + (s.ref is not None)  # actor (unless reused) and reference
     forward = flops.forward(tokens, logit_tokens) * policy_passes + flops.forward(tokens, 0) * (s.critic is not None)

@@ -113,6 +113,8 @@ def start_ray(cfg: Any) -> bool:
 
     if ray.is_initialized():
         return False
+    if not torch.cuda.is_available():
+        cpu_matmul_rates()  # the precision probe, before Ray's start-up processes compete for the cores (cached)
     address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, runtime_env={"env_vars": WORKER_ENV})
@@ -369,12 +371,11 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
     """Everything a run needs. `engines`: already-running rollout engines to reuse (tests, notebooks)."""
     validate_rl(cfg)
     agent = load_agent(cfg.agent_func_path, cfg.agent_action_max_len) if cfg.agent_func_path else None
-    if not torch.cuda.is_available():
-        cpu_matmul_rates()  # the precision probe, before Ray's start-up processes compete for the cores (cached)
     owns_ray = start_ray(cfg)
-    cfg.vllm_sync_backend = resolve_sync_backend(cfg.vllm_sync_backend, cluster_has_gpus(), cfg.colocate_all_models)
+    has_gpus = cluster_has_gpus()
+    cfg.vllm_sync_backend = resolve_sync_backend(cfg.vllm_sync_backend, has_gpus, cfg.colocate_all_models)
     # before worker_cfg (workers get concrete dtypes); the driver never creates a CUDA context of its own
-    apply_precision(cfg, "cuda" if cluster_has_gpus() else "cpu", touch_device=False)
+    apply_precision(cfg, "cuda" if has_gpus else "cpu", touch_device=False)
     prepare_run_dir(cfg, True, _world(cfg, "actor"))
     cfg.pretrain = resolve_pretrain(cfg.pretrain)
     tokenizer = load_tokenizer(cfg.pretrain)
@@ -420,7 +421,7 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
     s = RLSetup(cfg, tokenizer, prompts, eval_prompts, actor, ref, critic, engines, reward_fn, stop_ids, total_steps,
                 owns_ray=owns_ray, owns_engines=owns_engines, rewards=reward_groups, ptx=ptx,
                 placement_groups=placement.owned, agent=agent, flops=flops)
-    s.phases = Phases.from_config(cfg, engines, [actor, critic], cluster_has_gpus())
+    s.phases = Phases.from_config(cfg, engines, [actor, critic], has_gpus)
     s.summary = {"actor ranks": actor.world_size, "reference": ref.world_size if ref else "off (init_kl_coef 0)",
                  "critic": critic.world_size if critic else "off",
                  "reward models": ", ".join(f"{g.world_size} x {spec}" for spec, g in zip(reward_specs, reward_groups))

@@ -146,27 +146,26 @@ def test_a_fresh_process_probe_is_not_fooled_by_the_first_call():
     assert fresh > warm / 5, (fresh, warm)  # a factor of 5 for load noise; the bug was a factor of ~90
 
 
-def test_ppo_probes_the_cpu_before_ray_starts(monkeypatch, tiny_model_dir, echo_prompt_file):
-    """At a run's start Ray's worker processes load both cores for seconds; a probe then read fp32 as 2 GFLOP/s."""
-    from rlhfkit.config.parse import parse_config
-    from rlhfkit.config.rl_options import RL_GROUPS
+def test_starting_ray_probes_the_cpu_first(monkeypatch):
+    """At a run's start Ray's worker processes load both cores for seconds; a probe then read fp32 as 2 GFLOP/s.
+    `start_ray` (ppo and batch-inference) probes, cached, before it starts Ray."""
+    import ray
+
     from rlhfkit.rl import setup
 
     calls = []
 
-    def fake_start_ray(cfg):
+    def fake_init(*args, **kwargs):
         calls.append("ray")
-        raise RuntimeError("stop after Ray")
+        raise RuntimeError("stop at Ray")
 
     monkeypatch.setattr(setup, "cpu_matmul_rates", lambda: calls.append("probe"))
-    monkeypatch.setattr(setup, "start_ray", fake_start_ray)
-    cfg = parse_config("ppo", RL_GROUPS, ["--pretrain", tiny_model_dir, "--prompt_data", echo_prompt_file,
-                                          "--remote_rm_url", "builtin:exact", "--advantage_estimator", "rloo",
-                                          "--n_samples_per_prompt", "2"])
-    with pytest.raises(RuntimeError, match="stop after Ray"):
-        setup.build_setup(cfg)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", fake_init)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(RuntimeError, match="stop at Ray"):
+        setup.start_ray(SimpleNamespace(ray_address=None))
     assert calls == ["probe", "ray"]
-
 
 def test_a_probe_on_a_busy_machine_is_not_cached_and_the_flags_decide(unpinned, monkeypatch):
     fake_machine(monkeypatch, ZEN4, fp32=2.0, bf16=1.1)  # what two busy processes did to a 2-core probe
