@@ -226,9 +226,16 @@ def test_dispatcher_errors():
 def test_dispatcher_float32_and_length_one_responses():
     rewards = torch.tensor([1.0, -1.0, 2.0, 0.0])
     mask = torch.tensor([[1, 0], [1, 0], [1, 0], [1, 0]])
-    for est in ("reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo"):
+    mu = 0.5  # batch mean of the rewards; population std sqrt(mean of (0.25, 2.25, 2.25, 0.25)) = sqrt(1.25)
+    expected = {  # groups (1, -1) and (2, 0): both have mean offset +-1 and sample std sqrt(2)
+        "reinforce": [(x - mu) / math.sqrt(1.25) for x in (1.0, -1.0, 2.0, 0.0)],
+        "reinforce_baseline": [1.0, -1.0, 1.0, -1.0],  # (r - group mean), whitened: already mean 0, variance 1
+        "group_norm": [x / (math.sqrt(2.0) + 1e-6) for x in (1.0, -1.0, 1.0, -1.0)],
+        "dr_grpo": [1.0, -1.0, 1.0, -1.0],
+        "rloo": [2.0, -2.0, 2.0, -2.0],
+    }
+    for est, first in expected.items():
         A, G = compute_advantages_and_returns(est, rewards, mask, n_samples_per_prompt=2)
-        assert A.dtype == torch.float32 and torch.isfinite(A).all()
+        assert A.dtype == torch.float32
+        assert A[:, 0].tolist() == pytest.approx(first, rel=1e-6), est
         assert (A[:, 1] == 0).all()
-    A, G = compute_advantages_and_returns("rloo", rewards, mask, n_samples_per_prompt=2)
-    assert A[:, 0].tolist() == pytest.approx([2.0, -2.0, 2.0, -2.0])

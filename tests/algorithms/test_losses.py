@@ -101,8 +101,20 @@ def test_ppo_loss_extreme_ratios_and_padding_are_finite():
     mask = torch.tensor([[1, 1, 1, 1, 0]])
     loss, metrics = ppo_policy_loss(new, old, adv, mask, dual_clip=3.0)
     loss.backward()
-    assert torch.isfinite(loss) and torch.isfinite(new.grad).all()
-    assert all(torch.isfinite(v) for v in metrics.values())
+    # log-ratios clamp to (-20, 20, 20, -20): token 0 keeps rho A = e^-20, tokens 1 and 2 (A < 0, rho = e^20) sit at
+    # the dual clip c A = -3 and -6, token 3 has A = 0; the NaN padding is masked out
+    per_tok = [ref_ppo_token(lp, olp, a, 0.2, 0.2, 3.0) for lp, olp, a in [(-1e4, 0, 1), (1e4, 0, -1), (0, -1e4, -2),
+                                                                            (-inf, 0, 0)]]
+    assert per_tok == [-math.exp(-20), 3.0, 6.0, 0.0]
+    assert loss.item() == pytest.approx(math.fsum(per_tok) / 4, rel=1e-6)
+    # every active branch is constant in log pi (clamped ratio, dual clip or A = 0): the gradient is exactly 0
+    assert new.grad.tolist() == [[0.0] * 5]
+    e20 = math.exp(20)
+    expected = {"clip_frac": 0.0, "dual_clip_frac": 0.5, "approx_kl": 0.0, "ratio_mean": (2 * e20 + 2 / e20) / 4,
+                "ratio_max": e20, "ratio_min": 1 / e20}
+    assert metrics.keys() == expected.keys()
+    for k, v in expected.items():
+        assert metrics[k].item() == pytest.approx(v, rel=1e-6, abs=1e-12), k
 
 
 def test_ppo_all_masked_batch():
@@ -176,7 +188,9 @@ def test_entropy_with_banned_tokens_and_extremes():
     assert H[0, 0].item() == pytest.approx(math.log(2), rel=1e-6)
     assert H[0, 1].item() == pytest.approx(0.0, abs=1e-6)
     policy_entropy(logits, torch.ones(1, 2)).backward()
-    assert torch.isfinite(logits.grad).all()
+    # dH/dz_i = -p_i (log p_i + H): 0 for banned tokens (p = 0), for a uniform support (log p = -H) and for a
+    # one-hot row (p = 1, H = 0 or p = e^-1e4 = 0)
+    assert logits.grad.tolist() == [[[0.0] * 4, [0.0] * 4]]
     assert entropy_from_logits(torch.zeros(2, 3, 8, dtype=torch.bfloat16)).dtype == torch.float32
 
 

@@ -95,9 +95,14 @@ def test_masked_whiten_constant_and_empty_inputs_are_finite():
 
 
 def test_masked_whiten_keeps_low_precision_input_finite():
-    x = torch.randn(4, 6).to(torch.bfloat16)
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     out = masked_whiten(x, torch.ones(4, 6))
-    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert out.dtype == torch.float32
+    vals = [v for row in x.tolist() for v in row]  # the bf16 values, exactly, whitened in float64
+    mu = math.fsum(vals) / len(vals)
+    std = math.sqrt(math.fsum((v - mu) ** 2 for v in vals) / len(vals))
+    torch.testing.assert_close(out, torch.tensor([[(v - mu) / std for v in row] for row in x.tolist()]),
+                               rtol=1e-5, atol=1e-5)
 
 
 def ref_aggregate(loss, mask, mode, max_len=None):

@@ -120,17 +120,47 @@ def test_kto_reference_point_is_clamped_and_detached():
     assert z.item() == 0.0 and not z.requires_grad
     loss, _, _ = kto_loss(pol, torch.tensor([-1.0, -1.0]), torch.tensor([1, 0]), pol, torch.zeros(2))
     loss.backward()
-    assert torch.isfinite(pol.grad).all()
+    # z = 0, r = (-4, -4): desirable row l = 1 - sigmoid(0.1 r), undesirable row l = 1 - sigmoid(-0.1 r); mean of 2
+    s = sigmoid(-0.4)
+    assert loss.item() == pytest.approx(((1 - s) + s) / 2, rel=1e-6)
+    assert pol.grad.tolist() == pytest.approx([-0.1 * s * (1 - s) / 2, 0.1 * s * (1 - s) / 2], rel=1e-5)
     only_undesirable, _, _ = kto_loss(pol, pol.detach(), torch.zeros(2, dtype=torch.bool), pol, pol.detach())
     assert only_undesirable.item() == pytest.approx(0.5)
 
 
-def test_dpo_extreme_log_ratios_are_finite():
-    pc = torch.tensor([0.0, -1e4, -float("inf")], requires_grad=True)
+def test_dpo_extreme_log_ratios_reach_their_limits():
+    """Rows h = +1e4, -1e4 and -inf (a chosen response the policy cannot emit), fed for real: each row's loss,
+    gradient and implicit reward equal the closed form, or its limit at h = -inf."""
+    inf = float("inf")
+    pc = torch.tensor([0.0, -1e4, -inf], requires_grad=True)
     pr = torch.tensor([-1e4, 0.0, 0.0])
     ref = torch.zeros(3)
-    for kw in ({}, {"label_smoothing": 0.1}, {"ipo": True}):
-        loss, cr, rr = dpo_loss(pc[:2], pr[:2], ref[:2], ref[:2], **kw)
-        loss.backward()
-        assert torch.isfinite(loss) and torch.isfinite(pc.grad).all() and torch.isfinite(cr).all()
+    hs = [1e4, -1e4, -inf]
+    beta = 0.1
+
+    def softplus(x):  # -log sigmoid(-x), float64, with its limits at +-inf
+        return x if x == inf else (0.0 if x == -inf else max(x, 0.0) + math.log1p(math.exp(-abs(x))))
+
+    def sig(x):
+        return math.exp(-softplus(-x))
+
+    expected = {
+        # -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h); d/d pc = -beta ((1 - eps) - sigmoid(beta h))
+        "dpo": ({}, [softplus(-beta * h) for h in hs], [-beta * (1 - sig(beta * h)) for h in hs]),
+        "cdpo": ({"label_smoothing": 0.1}, [0.9 * softplus(-beta * h) + 0.1 * softplus(beta * h) for h in hs],
+                 [-beta * (0.9 - sig(beta * h)) for h in hs]),
+        # (h - 1 / (2 beta))^2; d/d pc = 2 (h - 1 / (2 beta)), -inf in the limit
+        "ipo": ({"ipo": True}, [(h - 5.0) ** 2 for h in hs], [2 * (h - 5.0) for h in hs]),
+    }
+    for name, (kw, per_row, grad) in expected.items():
+        assert per_row[2] == inf
+        per, cr, rr = dpo_loss(pc, pr, ref, ref, reduction="none", **kw)
+        torch.testing.assert_close(per.detach(), torch.tensor(per_row), rtol=1e-6, atol=1e-6, msg=name)
+        loss, _, _ = dpo_loss(pc, pr, ref, ref, **kw)
+        assert loss.item() == inf, name  # the mean of a row at its +inf limit
+        per.sum().backward()
+        torch.testing.assert_close(pc.grad, torch.tensor(grad), rtol=1e-6, atol=1e-6, msg=name)
+        assert cr.tolist() == [0.0, -1000.0, -inf] and rr.tolist() == [-1000.0, 0.0, 0.0]
         pc.grad = None
+    finite, _, _ = dpo_loss(pc[:2], pr[:2], ref[:2], ref[:2])  # the two finite extremes alone: (0 + 1000) / 2
+    assert finite.item() == pytest.approx(500.0, rel=1e-6)

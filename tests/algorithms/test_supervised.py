@@ -79,7 +79,12 @@ def test_distillation_gradient_equals_teacher_cross_entropy_gradient():
     (grad,) = torch.autograd.grad(loss, s)
     ce = -(torch.softmax(t, -1) * torch.log_softmax(s, -1)).sum(-1).mean()
     (grad_ce,) = torch.autograd.grad(ce, s)
-    assert torch.isfinite(loss)
+    vals = []  # KL(teacher || student) per token, 0 log 0 = 0 for the banned token
+    for b in range(2):
+        for i in range(3):
+            ls, lt = log_softmax(s[b, i].tolist()), log_softmax(t[b, i].tolist())
+            vals.append(math.fsum(math.exp(a) * (a - c) for a, c in zip(lt, ls) if a != -math.inf))
+    assert loss.item() == pytest.approx(math.fsum(vals) / 6, rel=1e-12)
     torch.testing.assert_close(grad, grad_ce)
     with pytest.raises(ValueError, match="vocabulary"):
         distillation_loss(s, t[..., :4], mask)
@@ -123,12 +128,15 @@ def test_prm_soft_labels():
     labels = torch.zeros(ids.shape, dtype=torch.float64)
     labels[0, 2], labels[0, 4], labels[1, 0] = 0.9, 0.2, 1.0
     loss, acc = prm_token_loss(logits, ids, labels, placeholder_token_id=PLACEHOLDER, reward_token_ids=[GOOD, BAD])
-    vals = []
+    vals, hits = [], []
     for b, t, p in [(0, 2, 0.9), (0, 4, 0.2), (1, 0, 1.0)]:
-        lp = log_softmax([logits[b, t, GOOD].item(), logits[b, t, BAD].item()])
+        z = [logits[b, t, GOOD].item(), logits[b, t, BAD].item()]
+        lp = log_softmax(z)
         vals.append(-(p * lp[0] + (1 - p) * lp[1]))
+        hits.append((z[0] >= z[1]) == (p >= 0.5))  # predicted "good" iff the target's more likely class is good
     assert loss.item() == pytest.approx(math.fsum(vals) / 3, rel=1e-12)
-    assert 0.0 <= acc.item() <= 1.0
+    assert acc.item() == pytest.approx(sum(hits) / 3, rel=1e-12)
+    assert 0 < sum(hits) < 3  # the batch has both hits and misses, so the accuracy is not a trivial 0 or 1
 
 
 def test_prm_errors_and_no_placeholder():
