@@ -71,8 +71,25 @@ def test_serve_rm_cli_with_a_reward_model(tiny_reward_model_dir):
         out = client(url.rsplit("/get_reward", 1)[0])(QUERIES)  # a bare host:port gets /get_reward appended
         with urllib.request.urlopen(url.replace("/get_reward", "/health"), timeout=5) as response:
             assert json.loads(response.read())["status"] == "ok"
-    torch.testing.assert_close(out.rewards, server.source(QUERIES).rewards)
-    assert torch.isfinite(out.rewards).all()
+    torch.testing.assert_close(out.rewards, last_token_scores(tiny_reward_model_dir, QUERIES), atol=1e-6, rtol=1e-5)
+
+
+@torch.no_grad()
+def last_token_scores(model_dir: str, queries: list[str]) -> torch.Tensor:
+    """The reward model's score computed here with transformers alone: each query plus one eos, unpadded, through the
+    backbone, then the ``score`` head applied by hand to the last token's final hidden state (float64)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
+    head = model.score.weight.double()
+    assert head.shape[0] == 1 and getattr(model.score, "bias", None) is None
+    scores = []
+    for q in queries:
+        ids = torch.tensor([tok(q + tok.eos_token, add_special_tokens=False)["input_ids"]])
+        hidden = model(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+        scores.append(float(hidden[0, -1].double() @ head[0]))
+    return torch.tensor(scores)
 
 
 def test_serve_rm_cli_rejects_bad_flags(tmp_path):
