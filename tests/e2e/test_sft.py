@@ -50,19 +50,37 @@ def torchrun(nproc: int, argv: list[str]) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
 
 
-def test_sft_one_rank_learns_and_saves_a_loadable_hf_model(tiny_model_dir, echo_data, tmp_path):
+def test_sft_one_rank_learns_and_saves_a_loadable_hf_model(tiny_model_dir, echo_data, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlhfkit.trainers import loop
+
     train, held_out = echo_data
+    ids = AutoTokenizer.from_pretrained(tiny_model_dir)("Repeat: cat dog", return_tensors="pt").input_ids
+    trained_logits = {}
+    save = loop.save_hf_folder
+
+    def logits_then_save(model, tokenizer, out_dir, *args, **kwargs):  # the trained (sharded) model's own forward
+        if Path(out_dir) == tmp_path / "hf":
+            model.eval()
+            with torch.no_grad():
+                trained_logits["final"] = model(input_ids=ids).logits.float().clone()
+        return save(model, tokenizer, out_dir, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "save_hf_folder", logits_then_save)
     sft_main(base_args(tiny_model_dir, train, tmp_path, eval_dataset=held_out, max_epochs=3))
     rows = read_metrics(tmp_path / "run")
     evals = [r["eval/loss"] for r in rows if "eval/loss" in r]
     assert len(evals) == 4  # before training + after each epoch
     assert evals[-1] < 0.7 * evals[0], evals  # held-out response loss falls
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
-    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
-    ids = tok("Repeat: cat dog", return_tensors="pt").input_ids
-    assert torch.isfinite(model(ids).logits).all()
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    assert AutoTokenizer.from_pretrained(tmp_path / "hf")("Repeat: cat dog", return_tensors="pt").input_ids.equal(ids)
+    with torch.no_grad():
+        reloaded = model(input_ids=ids).logits
+        initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()(input_ids=ids).logits
+    # the reloaded folder computes what the trained model computed, and that is not the starting point
+    torch.testing.assert_close(reloaded, trained_logits["final"], rtol=1e-4, atol=1e-4)
+    assert (reloaded - initial).abs().max() > 0.1
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["config"]["learning_rate"] == pytest.approx(3e-3) and manifest["seed"] == 7
 
@@ -110,8 +128,19 @@ def test_tensorboard_wandb_offline_and_the_derived_table(tiny_model_dir, echo_da
     train, _ = echo_data
     sft_main(base_args(tiny_model_dir, train, tmp_path, max_samples=16, use_tensorboard=str(tmp_path / "tb"),
                        use_wandb="offline"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     events = list((tmp_path / "tb").rglob("events.out.tfevents.*"))
-    assert events and events[0].stat().st_size > 0
+    assert len(events) == 1
+    acc = EventAccumulator(str(events[0].parent), size_guidance={"scalars": 0})
+    acc.Reload()
+    board = {(e.step, tag): e.value for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)}
+    jsonl = {(r["step"], k): v for r in read_metrics(tmp_path / "run") for k, v in r.items()
+             if k != "step" and isinstance(v, (int, float))}
+    assert {"train/loss", "train/lr"} <= {k for _, k in jsonl}
+    assert board.keys() == jsonl.keys()  # every scalar of metrics.jsonl, at its step, and nothing else
+    for key, value in jsonl.items():
+        assert board[key] == pytest.approx(value, rel=1e-6, abs=1e-30), key  # TensorBoard stores float32
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     err = capsys.readouterr().err
     for row in ("accumulation steps", "total steps", "tokens per step", "world size"):
