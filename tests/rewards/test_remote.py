@@ -92,11 +92,16 @@ def last_token_scores(model_dir: str, queries: list[str]) -> torch.Tensor:
     return torch.tensor(scores)
 
 
-def test_serve_rm_cli_rejects_bad_flags(tmp_path):
-    with pytest.raises(SystemExit):
-        build_server(["--port", "0"])
-    with pytest.raises(SystemExit):
-        build_server(["--remote_rm_url", "builtin:math", "--load_in_4bit", "--port", "0"])
+def test_serve_rm_cli_rejects_bad_flags(tmp_path, capsys):
+    for argv, message in [
+        (["--port", "0"], "give --reward_pretrain (a reward model) and/or --remote_rm_url (a reward_func file)"),
+        (["--remote_rm_url", "builtin:math", "--load_in_4bit", "--port", "0"],
+         "--load_in_4bit: 4-bit loading is not supported; serve the model in bf16/fp16/fp32"),
+    ]:
+        with pytest.raises(SystemExit) as info:
+            build_server(argv)
+        assert info.value.code == 2
+        assert f"rlhfkit serve-rm: error: {message}" in capsys.readouterr().err  # the flag and the fix
 
 
 def test_bearer_token_required():

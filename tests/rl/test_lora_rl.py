@@ -47,10 +47,15 @@ def test_lora_actor_syncs_merged_weights_to_the_engine(tiny_model_dir, rollout_v
     assert max(abs(a - b) for a, b in zip(want, base.tolist())) > 1e-2  # and it is not the base model
 
 
-def test_lora_merge_names_a_missing_adapter(tmp_path, tiny_model_dir):
+def test_lora_merge_names_a_missing_adapter(tmp_path, tiny_model_dir, capsys):
     from rlhfkit.cli.main import main
 
+    missing = tmp_path / "nope"
     with pytest.raises(SystemExit) as exit_info:
-        main(["lora-merge", "--pretrain", tiny_model_dir, "--lora_path", str(tmp_path / "nope"),
+        main(["lora-merge", "--pretrain", tiny_model_dir, "--lora_path", str(missing),
               "--output_path", str(tmp_path / "out")])
     assert exit_info.value.code == 2
+    # the flag, the file it lacks, and what the folder must be
+    assert (f"rlhfkit lora-merge: error: --lora_path {missing}: {missing / 'adapter_config.json'} not found: "
+            f"'{missing}' is not a peft adapter folder") in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -38,8 +38,9 @@ def test_missing_preference_key_names_file_row_and_keys_present(tiny_model_dir, 
     err = fails(capsys, tmp_path, command, "--pretrain", tiny_model_dir, "--dataset", data, "--prompt_key", "prompt",
                 "--train_batch_size", "2", "--micro_train_batch_size", "1")
     assert f"{data} line 3" in err
-    assert f"missing key '{missing}'" in err and f"--{missing}_key" in err
-    assert "keys present: ['prompt', " in err
+    present = {"rejected": "['prompt', 'chosen']", "chosen": "['prompt', 'rejected']"}[missing]
+    assert f"missing key '{missing}' (set by --{missing}_key); keys present: {present}" in err
+    assert err.endswith(f"Point --{missing}_key at one of them or fix the data.")  # the fix
 
 
 @pytest.mark.parametrize("label", ["yes", 1.0, None, 2], ids=["string", "float", "null", "int-2"])
@@ -51,9 +52,11 @@ def test_kto_label_that_is_not_boolean(tiny_model_dir, tmp_path, capsys, label):
                 "--train_batch_size", "2", "--micro_train_batch_size", "1")
     assert f"{data} line 2" in err
     if label is None:
-        assert "missing key 'label'" in err
+        assert "missing key 'label' (set by --label_key)" in err and "Point --label_key at one of them" in err
     else:
-        assert "must be a boolean" in err and repr(label) in err
+        assert f"label key 'label' must be a boolean (true/false, or the integers 0/1), got {type(label).__name__} " \
+               f"{label!r}" in err
+        assert err.endswith("Convert the labels to true/false.")
 
 
 def test_kto_missing_output_key(tiny_model_dir, tmp_path, capsys):
@@ -62,14 +65,17 @@ def test_kto_missing_output_key(tiny_model_dir, tmp_path, capsys):
     data = write(tmp_path, rows)
     err = fails(capsys, tmp_path, "kto", "--pretrain", tiny_model_dir, "--dataset", data, "--output_key", "output",
                 "--train_batch_size", "2", "--micro_train_batch_size", "1")
-    assert f"{data} line 4" in err and "missing key 'output'" in err and "'answer'" in err
+    assert f"{data} line 4: missing key 'output' (set by --output_key); keys present: ['input', 'label', 'answer']" \
+        in err
+    assert err.endswith("Point --output_key at one of them or fix the data.")
 
 
 def test_kd_missing_output_key(tiny_model_dir, tmp_path, capsys):
     data = write(tmp_path, [{"input": "a", "output": "b"}, {"input": "c", "reply": "d"}])
     err = fails(capsys, tmp_path, "kd", "--pretrain", tiny_model_dir, "--teacher_model", tiny_model_dir,
                 "--dataset", data, "--train_batch_size", "1", "--micro_train_batch_size", "1")
-    assert f"{data} line 2" in err and "missing key 'output'" in err and "'reply'" in err
+    assert f"{data} line 2: missing key 'output' (set by --output_key); keys present: ['input', 'reply']" in err
+    assert err.endswith("Point --output_key at one of them or fix the data.")
 
 
 @pytest.mark.parametrize("case", ["count", "missing", "bad-token", "mixed", "soft-range"])
@@ -90,10 +96,14 @@ def test_prm_bad_labels(tiny_model_dir, tmp_path, capsys, case):
     err = fails(capsys, tmp_path, "prm", "--pretrain", tiny_model_dir, "--dataset", data, "--placeholder_token", "§",
                 "--reward_tokens", "+", "-", "--train_batch_size", "1", "--micro_train_batch_size", "1")
     assert f"{data} line 2" in err
-    expected = {"count": "2 step placeholders '§' but 1 labels", "missing": "missing key 'label'",
-                "bad-token": "'?' is not one of --reward_tokens", "mixed": "mixes hard labels",
-                "soft-range": "must be a probability in [0, 1]"}[case]
-    assert expected in err
+    expected = {  # what is wrong with the row's label, and what would fix it
+        "count": "the text has 2 step placeholders '§' but 1 labels in key 'label'; give one label per step",
+        "missing": "missing key 'label' (set by --label_key); keys present: ['input']. Point --label_key at one of "
+                   "them",
+        "bad-token": "step label '?' is not one of --reward_tokens ['+', '-']",
+        "mixed": "label key 'label' mixes hard labels (tokens or booleans) and soft ones (probabilities): ['+', 0.5]",
+        "soft-range": "soft step label 1.5 must be a probability in [0, 1]"}[case]
+    assert f"{data} line 2: {expected}" in err
 
 
 def test_prm_placeholder_must_be_one_token(tiny_model_dir, tmp_path, capsys):
@@ -101,6 +111,7 @@ def test_prm_placeholder_must_be_one_token(tiny_model_dir, tmp_path, capsys):
     err = fails(capsys, tmp_path, "prm", "--pretrain", tiny_model_dir, "--dataset", data, "--placeholder_token", "ки",
                 "--train_batch_size", "1", "--micro_train_batch_size", "1")
     assert "--placeholder_token 'ки' is 2 tokens" in err and "exactly one token" in err
+    assert "Pick another marker" in err  # the fix
 
 
 def test_rm_margin_must_be_a_number(tiny_model_dir, tmp_path, capsys):
@@ -109,22 +120,23 @@ def test_rm_margin_must_be_a_number(tiny_model_dir, tmp_path, capsys):
     data = write(tmp_path, rows)
     err = fails(capsys, tmp_path, "rm", "--pretrain", tiny_model_dir, "--dataset", data, "--prompt_key", "prompt",
                 "--margin_loss", "--train_batch_size", "1", "--micro_train_batch_size", "1")
-    assert f"{data} line 3" in err and "'margin' must be a finite number" in err
+    assert f"{data} line 3: --margin_loss: key 'margin' must be a finite number, got 'big'" in err
 
 
 @pytest.mark.parametrize("command,flags,message", [
-    ("dpo", ["--label_smoothing", "0.6"], "--label_smoothing must lie in [0, 0.5)"),
-    ("dpo", ["--ipo", "--label_smoothing", "0.1"], "--ipo and --label_smoothing contradict"),
-    ("dpo", ["--beta", "0"], "--beta must be > 0"),
-    ("kto", ["--beta", "-1"], "--beta must be > 0"),
-    ("kd", [], "--teacher_model is required"),
-    ("kd", ["--teacher_model", "x", "--kd_coef", "1.5"], "--kd_coef must lie in [0, 1]"),
-    ("prm", [], "--placeholder_token is required"),
-    ("rm", ["--zpg", "2"], "--zpg is not supported"),
+    ("dpo", ["--label_smoothing", "0.6"], "--label_smoothing must lie in [0, 0.5), got 0.6"),
+    ("dpo", ["--ipo", "--label_smoothing", "0.1"],
+     "--ipo and --label_smoothing contradict: cDPO smoothing applies to the DPO loss only"),
+    ("dpo", ["--beta", "0"], "--beta must be > 0, got 0.0"),
+    ("kto", ["--beta", "-1"], "--beta must be > 0, got -1.0"),
+    ("kd", [], "--teacher_model is required for 'rlhfkit kd'"),
+    ("kd", ["--teacher_model", "x", "--kd_coef", "1.5"], "--kd_coef must lie in [0, 1], got 1.5"),
+    ("prm", [], "--placeholder_token is required for 'rlhfkit prm' (the token that ends each step)"),
+    ("rm", ["--zpg", "2"], "--zpg is not supported: ZeRO++ partition groups are DeepSpeed-only"),
 ])
 def test_contradictory_flags(tmp_path, capsys, command, flags, message):
     err = fails(capsys, tmp_path, command, "--pretrain", "unused", "--dataset", "unused", *flags)
-    assert message in err
+    assert err.startswith(f"rlhfkit {command}: error: ") and message in err  # the flag, its bound and the value
 
 
 def test_identical_pairs_are_counted_and_reported(tokenizer, caplog, monkeypatch):
