@@ -78,7 +78,6 @@ class TrainOptions:
     seed: int = opt(42, "random seed (data order, init, sampling)")
     full_determinism: bool = opt(False, "torch.use_deterministic_algorithms(True)")
     eval_steps: int = opt(-1, "evaluate every N steps (-1: at the end of each epoch)")
-    aux_loss_coef: float = opt(0.0, "MoE auxiliary loss coefficient (unused for dense models)")
 
 
 @dataclass

@@ -31,6 +31,18 @@ REJECTED_FLAGS: dict[str, str] = {
     "grad_accum_dtype": "gradients accumulate in the parameter dtype (fp32 master weights); drop the flag",
     "deepspeed_enable_sleep": "use --fsdp_enable_offload (the FSDP2 name for putting trainer state to sleep)",
     "max_ckpt_mem": "use --max_ckpt_num to bound checkpoint count",
+    "aux_loss_coef": "the MoE auxiliary (load-balancing) loss is not implemented: rlhfkit trains dense models; "
+                     "drop the flag",
+}
+
+# Flags a command's shared option groups declare but that command does not act on: refused when given (on the
+# command line or in --config) instead of silently ignored. command -> flag -> reason.
+COMMAND_REJECTED_FLAGS: dict[str, dict[str, str]] = {
+    "ppo": {
+        "learning_rate": "ppo trains two models: use --actor_learning_rate and --critic_learning_rate",
+        "logging_steps": "ppo logs every step (one rollout per step); drop the flag",
+        "full_determinism": "not implemented for the Ray workers of ppo; drop the flag (runs are seeded by --seed)",
+    },
 }
 
 
@@ -122,9 +134,12 @@ def _load_yaml(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
     return out
 
 
-def _reject_if_deepspeed(name: str, source: str) -> None:
+def _reject_if_deepspeed(name: str, source: str, command: str = "") -> None:
     if name in REJECTED_FLAGS:
         raise ConfigError(f"{source}: --{name} is not supported: {REJECTED_FLAGS[name]}")
+    reason = COMMAND_REJECTED_FLAGS.get(command, {}).get(name)
+    if reason:
+        raise ConfigError(f"{source}: --{name} is not supported by 'rlhfkit {command}': {reason}")
 
 
 def parse_config(command: str, groups: list[type], argv: list[str] | None = None, description: str = "") -> Any:
@@ -132,11 +147,14 @@ def parse_config(command: str, groups: list[type], argv: list[str] | None = None
     argv = list(sys.argv[1:] if argv is None else argv)
     for token in argv:
         if token.startswith("--"):
-            _reject_if_deepspeed(token[2:].split("=")[0], source="command line")
+            _reject_if_deepspeed(token[2:].split("=")[0], source="command line", command=command)
     parser = build_parser(command, groups, description)
     pre, _ = parser.parse_known_args(argv)
     if pre.config:
-        parser.set_defaults(**_load_yaml(pre.config, parser))
+        values = _load_yaml(pre.config, parser)
+        for name in values:
+            _reject_if_deepspeed(name, source=f"--config {pre.config}", command=command)
+        parser.set_defaults(**values)
     ns, unknown = parser.parse_known_args(argv)
     if unknown:
         raise ConfigError(f"unknown flag(s) for 'rlhfkit {command}': {' '.join(unknown)}. "
