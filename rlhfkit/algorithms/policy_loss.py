@@ -32,6 +32,7 @@ def ppo_policy_loss(
     num_seqs: float | torch.Tensor | None = None,
     max_len: int | None = None,
     log_ratio_clip: float = 20.0,
+    token_out: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate, per token then aggregated (``loss_agg_mode``, see ``normalize.aggregate_loss``):
 
@@ -42,6 +43,8 @@ def ppo_policy_loss(
     Returns ``(loss, metrics)``; metrics (detached scalars over valid tokens): ``clip_frac`` (share of tokens
     where the clipped term is active, ``s2 < s1``), ``dual_clip_frac``, ``approx_kl`` (``mean(log pi_old - log pi)``),
     ``ratio_mean``, ``ratio_max``, ``ratio_min``.
+    ``token_out`` (a dict, for ``--debug_dump_steps``): filled with the detached per-token ``ratio`` and ``loss``
+    (``l`` after the weights; 0 at masked positions).
     """
     low, high = clip_bounds(eps_clip, eps_clip_low_high)
     if dual_clip is not None and dual_clip <= 1.0:
@@ -61,6 +64,9 @@ def ppo_policy_loss(
     loss = -objective
     if is_weights is not None:
         loss = loss * is_weights.detach().to(loss.dtype)
+    if token_out is not None:
+        token_out["ratio"] = ratio.detach()
+        token_out["loss"] = torch.where(m, loss.detach(), torch.zeros((), dtype=loss.dtype, device=loss.device))
     total = aggregate_loss(loss, m, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
     with torch.no_grad():
         metrics = {

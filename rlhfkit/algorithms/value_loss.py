@@ -18,12 +18,14 @@ def value_loss(
     num_tokens: float | torch.Tensor | None = None,
     num_seqs: float | torch.Tensor | None = None,
     max_len: int | None = None,
+    token_out: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``0.5 * agg(l)`` with ``l = (V - G)^2``, or with ``value_clip = c`` (``--value_clip``):
     ``l = max((V - G)^2, (V_old + clip(V - V_old, -c, c) - G)^2)``.
 
     Returns ``(loss, metrics)``: ``value_clip_frac`` (share of valid tokens where the clipped term is the larger)
-    and ``values_mean``.
+    and ``values_mean``. ``token_out`` (a dict, for ``--debug_dump_steps``): filled with the detached per-token
+    ``loss`` ``0.5 * l`` (0 at masked positions; with ``token_mean`` its masked sum over ``num_tokens`` is the loss).
     """
     m = as_bool_mask(action_mask, values)
     dtype = compute_dtype(values)
@@ -39,6 +41,8 @@ def value_loss(
         clipped = (v_old + (v - v_old).clamp(-value_clip, value_clip) - g).square()
         per_token = torch.max(unclipped, clipped)
         clip_active = clipped > unclipped
+    if token_out is not None:
+        token_out["loss"] = torch.where(m, 0.5 * per_token.detach(), torch.zeros((), dtype=dtype, device=m.device))
     loss = 0.5 * aggregate_loss(per_token, m, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
     with torch.no_grad():
         metrics = {

@@ -124,10 +124,10 @@ EFFECTS: dict[str, Effect] = {
     "max_samples": _t("at most this many rows", _SCAFFOLD),
     "eval_dataset": _t("held-out rows evaluated (eval/* metrics)", _SCAFFOLD, _SHORT_RUN),
     "eval_split": _t("the split of --eval_dataset", _SCAFFOLD),
-    "input_key": _t("the row key of the prompt", _SFT_KEYS,
+    "input_key": _t("the row key of the prompt", _SCAFFOLD, _SFT_KEYS,
                     _SFT_DATA + "test_chat_conversation_without_output_key_trains_last_turn",
                     _PPO_SETUP),
-    "output_key": _t("the row key of the response (the loss is on its tokens)", _SFT_KEYS,
+    "output_key": _t("the row key of the response (the loss is on its tokens)", _SCAFFOLD, _SFT_KEYS,
                      _SFT_DATA + "test_missing_key_names_file_line_key_and_present_keys"),
     "input_template": _t("the prompt is formatted with the template", _SFT_KEYS,
                          _PREF_DATA + "test_plain_template", _OPT + "test_preference_keys_and_the_rm_margin",
@@ -141,8 +141,8 @@ EFFECTS: dict[str, Effect] = {
     "max_len": _t("over-long samples are truncated or dropped, and counted", _SFT_KEYS,
                   _SFT_DATA + "test_over_long_rule_truncates_or_drops_and_counts",
                   _PREF_DATA + "test_over_long_pairs"),
-    "packing_samples": _t("micro-batches are packed into one row (per-sample positions); loss and gradient equal "
-                          "the padded batch's",
+    "packing_samples": _t("a micro-batch is collated as one packed row (per-sample lengths and positions); loss "
+                          "and gradient equal the padded batch's", _SCAFFOLD,
                           _LOSSES + "test_packed_dpo_batch_gives_the_padded_loss_and_gradient",
                           "tests/e2e/test_dpo.py::test_packed_dpo_run_reproduces_the_padded_run"),
     # ---- engine (TrainEngine: offline commands, and the ppo actor and critic)
@@ -211,7 +211,7 @@ EFFECTS: dict[str, Effect] = {
                   _LOSSES + "test_kd_loss_equals_reference_function"),
     "teacher_offload": NoEffect(_CUDA_ONLY),
     # ---- rm / dpo / kto / prm
-    "prompt_key": _t("the row key of the prompt (unset: whole texts)",
+    "prompt_key": _t("the row key of the prompt (unset: whole texts)", _SCAFFOLD,
                      _PREF_DATA + "test_full_conversations_without_prompt_key",
                      _OPT + "test_preference_keys_and_the_rm_margin"),
     "chosen_key": _t("the row key of the chosen response", _OPT + "test_preference_keys_and_the_rm_margin"),
@@ -245,7 +245,7 @@ EFFECTS: dict[str, Effect] = {
                                 _LOSSES + "test_kto_loss_equals_reference_function"),
     "undesirable_loss_weight": _t("weight of undesirable samples (reference function)",
                                   _LOSSES + "test_kto_loss_equals_reference_function"),
-    "label_key": _t("the row key of the labels", _LOSSES + "test_kto_loss_equals_reference_function",
+    "label_key": _t("the row key of the labels", _SCAFFOLD, _LOSSES + "test_kto_loss_equals_reference_function",
                     _LOSSES + "test_prm_loss_equals_reference_function"),
     "ppo:label_key": _t("the label handed to the reward function", _PPO_SETUP),
     "batch-inference:label_key": _t("labels passed to the reward and copied to the rows",

@@ -109,6 +109,13 @@ class RLAlgorithmOptions:
                                                "pass; by default, when a rollout makes exactly one optimizer step "
                                                "(one mini-batch, --max_epochs 1, no reward-side KL), they are the "
                                                "training pass's own (detached), which saves that pass")
+    debug_dump_steps: list[str] | None = opt(None, "write these global steps' tensors (or 'all') to "
+                                                   "<run_dir>/debug/step_<N>.pt: the experience (sequences, masks, "
+                                                   "rewards, values, old/ref/rollout log-probs, KL, advantages, "
+                                                   "returns) and each training micro-batch's new log-probs, ratios, "
+                                                   "per-token policy/value losses, entropy, IS weights, clip "
+                                                   "fractions, grad norms before and after clipping, update size; "
+                                                   "for checking a run by hand (docs/rl.md). Off by default")
 
 
 @dataclass

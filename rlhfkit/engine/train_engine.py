@@ -44,18 +44,54 @@ class TrainEngine:
     def eval(self) -> None:
         self.model.eval()
 
-    def optimizer_step(self) -> float:
-        """Clip (if --max_norm > 0), step, schedule, zero grads; return the pre-clip global grad norm."""
+    def optimizer_step(self, report: dict[str, float] | None = None) -> float:
+        """Clip (if --max_norm > 0), step, schedule, zero grads; return the pre-clip global grad norm.
+
+        `report` (a dict, for --debug_dump_steps; None costs nothing): filled with `lr` (the one this step uses),
+        `grad_norm_after_clip`, and the size of the update over all parameters, `update_max_abs` (max |delta|) and
+        `update_norm` (||delta||_2), global over the ranks."""
         params = [p for p in self.model.parameters() if p.grad is not None]
+        before = [_local(p).detach().clone() for p in self.model.parameters()] if report is not None else None
         if self.cfg.max_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_norm)
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        value = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        value = float(_full(norm))
         if not math.isfinite(value):
             raise FloatingPointError(f"gradient norm is {value} at lr {self.lr:.3g}: the loss diverged. "
                                      "Lower --learning_rate or check the data for empty targets.")
+        if report is not None:
+            report["lr"] = self.lr
+            report["grad_norm_after_clip"] = float(_full(torch.nn.utils.get_total_norm([p.grad for p in params])))
         self.optimizer.step()
+        if before is not None:
+            report.update(_update_size(before, [_local(p).detach() for p in self.model.parameters()]))
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return value
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _update_size(before: list[torch.Tensor], after: list[torch.Tensor]) -> dict[str, float]:
+    """max |after - before| and ||after - before||_2 over every parameter shard, reduced over the ranks."""
+    import torch.distributed as dist
+
+    device = after[0].device
+    top = torch.zeros((), dtype=torch.float64, device=device)
+    squares = torch.zeros((), dtype=torch.float64, device=device)
+    for old, new in zip(before, after):
+        if new.numel():
+            delta = (new - old).abs_()  # exact in the parameters' dtype for nearby values (Sterbenz)
+            top = torch.maximum(top, delta.amax().double())
+            squares += torch.linalg.vector_norm(delta, dtype=torch.float64).square()
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        dist.all_reduce(squares)
+    return {"update_max_abs": float(top), "update_norm": float(squares.sqrt())}

@@ -22,6 +22,7 @@ from rlhfkit.config.parse import ConfigError, config_to_dict
 from rlhfkit.observability.console import print_derived_table, progress_bar
 from rlhfkit.observability.metrics import MetricsLogger
 from rlhfkit.observability.mfu import mfu
+from rlhfkit.rl.debug_dump import add_updates, step_record, wants_dump, write_dump
 from rlhfkit.rl.experience import Experience, split_rows
 from rlhfkit.rl.group import run_side_by_side
 from rlhfkit.rl.make_experience import (
@@ -66,8 +67,10 @@ def collect_rollout(s: RLSetup, stream: PromptStream, sampling: SamplingConfig, 
                      "filter/rounds": rounds}
 
 
-def train_on_experience(s: RLSetup, exp: Experience, step: int) -> dict[str, float]:
-    """PPO epochs over the buffer in global mini-batches of --train_batch_size rows."""
+def train_on_experience(s: RLSetup, exp: Experience, step: int,
+                        record: dict[str, Any] | None = None) -> dict[str, float]:
+    """PPO epochs over the buffer in global mini-batches of --train_batch_size rows. `record` (--debug_dump_steps):
+    the step's dump, to which each optimizer step's micro-batch tensors are added."""
     cfg = s.cfg
     rows = exp.batch_size
     sums: dict[str, float] = {}
@@ -76,18 +79,25 @@ def train_on_experience(s: RLSetup, exp: Experience, step: int) -> dict[str, flo
     for epoch in range(cfg.max_epochs):
         order = torch.randperm(rows, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 97 + epoch))
         for start in range(0, rows, cfg.train_batch_size):
-            mini = exp.select(order[start:start + cfg.train_batch_size])
+            index = order[start:start + cfg.train_batch_size]
+            mini = exp.select(index)
             num_tokens = float(mini.action_mask.sum().clamp(min=1))
             tensors = mini.tensors()
-            calls = []  # critic and actor train side by side when they do not share bundles
+            if record is not None:  # the workers see it and send their tensors back
+                tensors["row_index"] = index
+            calls, roles = [], []  # critic and actor train side by side when they do not share bundles
             if s.critic is not None:
                 calls.append((s.critic, partial(s.critic.scatter_async, "train_critic_step",
                                                 _shards(tensors, s.critic.world_size), num_tokens)))
+                roles.append("critic")
             if step > cfg.freezing_actor_steps:
                 calls.append((s.actor, partial(s.actor.scatter_async, "train_policy_step",
                                                _shards(tensors, s.actor.world_size), num_tokens,
                                                per_rank=s.ptx_per_rank(mini.batch_size))))
-            for results in run_side_by_side(calls):
+                roles.append("actor")
+            for role, results in zip(roles, run_side_by_side(calls)):
+                if record is not None:
+                    add_updates(record, role, updates, epoch, num_tokens, [r.pop("debug") for r in results])
                 _add(sums, results)
             tokens_seen += num_tokens
             updates += 1
@@ -234,12 +244,15 @@ def _loop(s: RLSetup) -> dict[str, float]:
         exp = to_experience(rollout, s.tokenizer.pad_token_id)
         metrics = {**filter_metrics, **rollout_metrics(rollout, exp)}
         metrics.update(fill_log_probs_and_advantages(exp, cfg, s.actor, s.ref, s.critic, timer))
+        record = step_record(cfg, step, exp.tensors()) if wants_dump(cfg, step) else None
         future = None
         if pool is not None and step < s.total_steps:  # the engines still hold the weights this step trains from
             future = pool.submit(collect_timed, s, stream, sampling)
         t_train = time.perf_counter()
-        metrics.update(train_on_experience(s, exp, step))
+        metrics.update(train_on_experience(s, exp, step, record))
         timer.add("training", t_train)
+        if record is not None:
+            write_dump(cfg.run_dir, record)
         ahead = None
         if future is not None:
             waited = time.perf_counter()

@@ -25,6 +25,7 @@ from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_
 from rlhfkit.observability.mfu import FlopModel
 from rlhfkit.observability.run import prepare_run_dir
 from rlhfkit.rl.colocation import Phases
+from rlhfkit.rl.debug_dump import dump_steps
 from rlhfkit.rl.group import ModelGroup, cluster_has_gpus, make_placement_group
 from rlhfkit.rl.make_experience import PromptStream
 from rlhfkit.rl.reward_group import RolloutRewards, model_specs, text_sources
@@ -167,6 +168,7 @@ def validate_rl(cfg: Any) -> None:
     if cfg.async_train and not cfg.enable_vllm_is_correction:
         log.warning("--async_train samples with weights one step old: add --enable_vllm_is_correction to correct "
                     "the policy loss with truncated importance weights")
+    dump_steps(cfg.debug_dump_steps)  # ConfigError on a bad value
     _validate_colocation(cfg)
 
 

@@ -225,6 +225,7 @@ class ModelWorker:
         cfg, world = self.cfg, self.dist.world_size
         self.model.train()
         sums: dict[str, float] = {}
+        dump: list[dict[str, Any]] | None = [] if "row_index" in shard else None  # --debug_dump_steps
         budget = cfg.train_max_tokens_per_gpu if cfg.use_dynamic_batch else None
         for mb in micro_batches(sort_rows_by_length(shard), cfg.micro_train_batch_size, budget):
             mb = self._to_device(trim_padding(mb))
@@ -241,13 +242,17 @@ class ModelWorker:
                                                          correction_type=cfg.vllm_is_correction_type, low=low,
                                                          high=high)
                 _accumulate(sums, is_metrics, mask)
+            token_out: dict[str, torch.Tensor] | None = {} if dump is not None else None
             loss, metrics = ppo_policy_loss(log_probs, old, mb["advantages"], mask,
                                             eps_clip=cfg.eps_clip, eps_clip_low_high=cfg.eps_clip_low_high,
-                                            dual_clip=cfg.dual_clip, is_weights=weights, num_tokens=num_tokens)
+                                            dual_clip=cfg.dual_clip, is_weights=weights, num_tokens=num_tokens,
+                                            token_out=token_out)
             if cfg.use_kl_loss:
                 kl_term = kl_loss(log_probs, mb["ref_log_probs"], mask, cfg.kl_estimator, num_tokens=num_tokens)
                 loss = loss + cfg.init_kl_coef * kl_term
                 sums["kl_loss"] = sums.get("kl_loss", 0.0) + float(kl_term.detach()) * num_tokens
+                if token_out is not None:  # the same estimate kl_loss aggregates, per token
+                    token_out["kl"] = compute_kl(log_probs.detach(), mb["ref_log_probs"], mask, cfg.kl_estimator)
             ent = (entropy * mask).sum() / num_tokens
             if cfg.entropy_loss_coef:
                 loss = loss - cfg.entropy_loss_coef * (entropy * mask).sum() / num_tokens
@@ -255,6 +260,13 @@ class ModelWorker:
             sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(loss.detach()) * num_tokens
             sums["entropy"] = sums.get("entropy", 0.0) + float(ent) * num_tokens
             _accumulate(sums, metrics, mask)
+            if dump is not None:
+                dump.append(_dump_entry(mb, ("row_index", "action_mask", "advantages", "rollout_log_probs",
+                                             "ref_log_probs"),
+                                        old_log_probs=old, log_probs=log_probs, ratio=token_out["ratio"],
+                                        policy_loss=token_out["loss"], entropy=entropy, is_weights=weights,
+                                        kl=token_out.get("kl"), loss=loss, clip_frac=metrics["clip_frac"],
+                                        dual_clip_frac=metrics["dual_clip_frac"]))
         if ptx is not None:
             for mb in micro_batches(ptx, cfg.micro_train_batch_size):
                 mb = self._to_device(mb)
@@ -263,8 +275,16 @@ class ModelWorker:
                 lm = masked_lm_loss(logits, mb["sequences"], mb["loss_mask"], num_tokens=max(ptx_tokens, 1.0))
                 (cfg.ptx_coef * lm * world).backward()
                 sums["ptx_loss"] = sums.get("ptx_loss", 0.0) + float(lm.detach()) * num_tokens
-        sums["grad_norm"] = self.engine.optimizer_step()
-        sums["lr"] = self.engine.lr
+        return self._finish_step(sums, dump, "grad_norm", "lr")
+
+    def _finish_step(self, sums: dict[str, Any], dump: list[dict[str, Any]] | None, norm_key: str,
+                     lr_key: str) -> dict[str, Any]:
+        """The optimizer step; with a dump, its report and the micro-batches go back under `debug`."""
+        report: dict[str, float] | None = {} if dump is not None else None
+        sums[norm_key] = self.engine.optimizer_step(report)
+        sums[lr_key] = self.engine.lr
+        if dump is not None:
+            sums["debug"] = {"grad_norm": sums[norm_key], **report, "micro_batches": dump}
         return sums
 
     def _old_log_probs_of_this_policy(self, mb: dict[str, torch.Tensor], log_probs: torch.Tensor) -> torch.Tensor:
@@ -292,17 +312,21 @@ class ModelWorker:
         cfg, world = self.cfg, self.dist.world_size
         self.model.train()
         sums: dict[str, float] = {}
+        dump: list[dict[str, Any]] | None = [] if "row_index" in shard else None  # --debug_dump_steps
         for mb in micro_batches(sort_rows_by_length(shard), cfg.micro_train_batch_size):
             mb = self._to_device(trim_padding(mb))
             values = self._values(mb)
+            token_out: dict[str, torch.Tensor] | None = {} if dump is not None else None
             loss, metrics = value_loss(values, mb["values"], mb["returns"], mb["action_mask"],
-                                       value_clip=cfg.value_clip, num_tokens=num_tokens)
+                                       value_clip=cfg.value_clip, num_tokens=num_tokens, token_out=token_out)
             (loss * world).backward()
             sums["critic_loss"] = sums.get("critic_loss", 0.0) + float(loss.detach()) * num_tokens
             _accumulate(sums, metrics, mb["action_mask"])
-        sums["critic_grad_norm"] = self.engine.optimizer_step()
-        sums["critic_lr"] = self.engine.lr
-        return sums
+            if dump is not None:
+                dump.append(_dump_entry(mb, ("row_index", "action_mask", "returns"), values=values,
+                                        old_values=mb["values"], value_loss=token_out["loss"], loss=loss,
+                                        value_clip_frac=metrics["value_clip_frac"]))
+        return self._finish_step(sums, dump, "critic_grad_norm", "critic_lr")
 
     # ----------------------------------------------------------------- weights and checkpoints
     def state_dict_for_sync(self) -> dict[str, torch.Tensor] | None:
@@ -406,6 +430,14 @@ def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: str | torch.
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
                 state[key] = value.to(device, non_blocking=True)
+
+
+def _dump_entry(mb: dict[str, torch.Tensor], keys: tuple[str, ...], **tensors: Any) -> dict[str, Any]:
+    """One micro-batch of a --debug_dump_steps step: `keys` of `mb` (those present) and `tensors` (None left out),
+    detached on CPU."""
+    out = {k: mb[k] for k in keys if k in mb}
+    out.update({k: v for k, v in tensors.items() if v is not None})
+    return {k: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
 
 
 def _accumulate(sums: dict[str, float], metrics: dict[str, torch.Tensor], mask: torch.Tensor) -> None:

@@ -23,17 +23,24 @@ class Reached(Exception):
     """Raised by the stand-in training loop once it has seen what the command hands it."""
 
 
+# The rows' keys are renamed (input -> question, output -> answer, label -> verdict, prompt -> query): the command
+# finds them only through --input_key / --output_key / --label_key / --prompt_key.
+RENAMED = {"input": "question", "output": "answer", "label": "verdict", "prompt": "query"}
+
+
 def _extra_flags(command: str, tiny_model_dir: str) -> dict:
-    return {"sft": {"output_key": "output"}, "kd": {"output_key": "output", "teacher_model": tiny_model_dir},
-            "rm": {"prompt_key": "prompt"}, "dpo": {"prompt_key": "prompt"}, "kto": {"output_key": "output"},
-            "prm": {"placeholder_token": "§", "reward_tokens": ["+", "-"]}}[command]
+    keys = {"input_key": "question", "output_key": "answer"}
+    return {"sft": keys, "kd": {**keys, "teacher_model": tiny_model_dir},
+            "rm": {"prompt_key": "query"}, "dpo": {"prompt_key": "query"}, "kto": {**keys, "label_key": "verdict"},
+            "prm": {"input_key": "question", "label_key": "verdict", "placeholder_token": "§",
+                    "reward_tokens": ["+", "-"]}}[command]
 
 
 def _split_folder(command: str, root: Path) -> str:
     """A save_to_disk DatasetDict: split 'train' with 16 rows, split 'held' with 24."""
     from datasets import Dataset, DatasetDict
 
-    rows = ROWS[command](40, 1)
+    rows = [{RENAMED.get(k, k): v for k, v in row.items()} for row in ROWS[command](40, 1)]
     path = root / f"{command}_splits"
     DatasetDict({"train": Dataset.from_list(rows[:16]), "held": Dataset.from_list(rows[16:])}).save_to_disk(path)
     return str(path)
@@ -47,7 +54,7 @@ def _reach_loop(monkeypatch, command: str, flags: dict) -> dict:
 
     def stand_in(cfg, dist_info, engine, tokenizer, method, train_samples, plan, eval_samples=None, **_):
         seen.update(cfg=cfg, engine=engine, tokenizer=tokenizer, train=train_samples, eval=eval_samples, plan=plan,
-                    deterministic=torch.are_deterministic_algorithms_enabled())
+                    method=method, deterministic=torch.are_deterministic_algorithms_enabled())
         raise Reached
 
     monkeypatch.setattr(common, "train_offline", stand_in)
@@ -62,12 +69,13 @@ def _reach_loop(monkeypatch, command: str, flags: dict) -> dict:
 
 @pytest.mark.parametrize("command", ["sft", "rm", "dpo", "kto", "kd", "prm"])
 def test_offline_scaffold_flags_reach_the_model_data_and_engine(command, tiny_model_dir, tmp_path, monkeypatch):
+    """Also --input_key / --output_key / --label_key / --prompt_key: the rows' keys are renamed (RENAMED)."""
     folder = _split_folder(command, tmp_path)
     flags = {"pretrain": tiny_model_dir, "dataset": folder, "dataset_split": "held", "max_samples": 20,
              "eval_dataset": folder, "eval_split": "train", "train_batch_size": 4, "micro_train_batch_size": 2,
              "max_epochs": 3, "attn_implementation": "eager", "lora_rank": 4, "lora_alpha": 8, "lora_dropout": 0.25,
              "target_modules": ["q_proj", "v_proj"], "tokenizer_chat_template": CUSTOM_TEMPLATE,
-             "full_determinism": True, "seed": 11, "run_dir": str(tmp_path / "run"),
+             "full_determinism": True, "packing_samples": True, "seed": 11, "run_dir": str(tmp_path / "run"),
              "save_path": str(tmp_path / "hf"), **_extra_flags(command, tiny_model_dir)}
     seen = _reach_loop(monkeypatch, command, flags)
     # --dataset_split held (24 rows) cut by --max_samples 20; --eval_split train (16 rows)
@@ -83,6 +91,12 @@ def test_offline_scaffold_flags_reach_the_model_data_and_engine(command, tiny_mo
     assert adapted == {"q_proj", "v_proj"}
     assert seen["tokenizer"].chat_template == CUSTOM_TEMPLATE  # --tokenizer_chat_template
     assert seen["deterministic"]  # --full_determinism
+    # --packing_samples: a micro-batch is one packed row with per-sample lengths
+    from rlhfkit.data.collate import is_packed
+
+    batch = seen["method"].collate(seen["train"][:2])
+    parts = [batch] if is_packed(batch) else [v for v in batch.values() if isinstance(v, dict) and is_packed(v)]
+    assert parts and all(part["input_ids"].shape[0] == 1 for part in parts)  # (kto: completion and mismatched)
     assert seen["cfg"].seed == 11 and (tmp_path / "run" / "manifest.json").is_file()  # --run_dir
 
 
