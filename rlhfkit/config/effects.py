@@ -54,6 +54,7 @@ _PUSH = "tests/rl/test_weight_push.py::"
 _PRECISION = "tests/engine/test_precision.py::"
 _SERVE = _CLI + "test_serve_rm_flags_reach_the_reward_source_and_the_server"
 _SFT_KEYS = _OPT + "test_sft_keys_template_and_max_len_shape_the_samples"
+_PPO_REWARDS = _PPO + "test_reward_flags_combine_the_ppo_reward_sources"
 _REFUSED_PPO = _OPT + "test_shared_flags_ppo_does_not_act_on_are_refused"
 _PPO_MICRO = _PPO + "test_training_micro_batches_follow_the_flags"
 _PPO_SAVE = _PPO + "test_checkpoint_and_save_flags_direct_the_workers"
@@ -360,14 +361,15 @@ EFFECTS: dict[str, Effect] = {
                           "tests/agents/test_agent_ppo.py::test_an_agent_and_another_reward_source_contradict"),
     "agent_action_max_len": _t("caps a turn; refused without --agent_func_path",
                                "tests/agents/test_agent_ppo.py::test_an_agent_and_another_reward_source_contradict"),
-    "remote_rm_url": _t("the reward function / server scored with",
+    "remote_rm_url": _t("the reward function / server scored with", _PPO_REWARDS,
                         _PPO_RUN + "test_a_raising_reward_function_stops_the_run_naming_it"),
-    "reward_timeout": _t("the reward sources' timeout", _SOURCES + "test_from_config"),
-    "reward_error_policy": _t("zero: failing samples score 0 and are counted",
+    "reward_timeout": _t("the reward sources' timeout", _PPO_REWARDS, _SOURCES + "test_from_config"),
+    "reward_error_policy": _t("zero: failing samples score 0 and are counted", _PPO_REWARDS,
                               _PPO_OPTS + "test_zero_policy_scores_failing_samples_zero_and_counts_them"),
-    "reward_combine": _t("sum / mean of several rewards", _SOURCES + "test_from_config",
+    "reward_combine": _t("sum / mean of several rewards", _PPO_REWARDS, _SOURCES + "test_from_config",
                          _PPO_FULL + "test_colocate_critic_reward_with_two_reward_models"),
-    "reward_weights": _t("weighted sum of the rewards", _SOURCES + "test_combined_source_mean_and_weights"),
+    "reward_weights": _t("weighted sum of the rewards", _PPO_REWARDS,
+                         _SOURCES + "test_combined_source_mean_and_weights"),
     "reward_format_pattern": _t("the regex of builtin:format",
                                 _PPO + "test_reward_format_pattern_reaches_the_format_reward"),
     "save_value_network": _t("the critic saved as <save_path>_critic", _PPO_SAVE,

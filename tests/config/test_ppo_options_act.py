@@ -227,3 +227,25 @@ def test_rollout_backend_and_vllm_dtype_pick_the_engines(monkeypatch):
     setup._engines(ppo_cfg(vllm_dtype="fp16", param_dtype="fp32"), "m", setup.Placement())
     assert made[0] == ("hf", 1, {"dtype": "bfloat16"})
     assert made[1][0] == "vllm" and made[1][2]["dtype"] == "float16"  # --vllm_dtype, not the trainer's fp32
+
+
+def test_reward_flags_combine_the_ppo_reward_sources(tokenizer, tmp_path):
+    """--remote_rm_url (two built-ins), --reward_combine, --reward_weights, --reward_error_policy, --reward_timeout
+    on the reward function `build_setup` makes (text sources only: no Ray)."""
+    texts, prompts, labels = ["x 1", "x 2"], ["x", "x"], ["1", "3"]  # exact: 1, 0; format: 0, 0
+    failing = tmp_path / "failing.py"
+    failing.write_text("def reward_func(queries, prompts, labels):\n    raise RuntimeError('boom')\n")
+
+    def rewards(**flags):
+        cfg = ppo_cfg(**flags)
+        return setup.build_rewards(cfg, tokenizer, [], [])(texts, prompts, labels).rewards.tolist()
+
+    both = "builtin:exact,builtin:format"
+    assert rewards(remote_rm_url=both) == [0.5, 0.0]  # mean
+    assert rewards(remote_rm_url=both, reward_combine="sum") == [1.0, 0.0]
+    assert rewards(remote_rm_url=both, reward_weights="3,1") == [3.0, 0.0]
+    assert rewards(remote_rm_url=f"{failing},builtin:exact", reward_error_policy="zero") == [0.5, 0.0]
+    with pytest.raises(Exception, match="boom"):
+        rewards(remote_rm_url=str(failing))  # --reward_error_policy raise (the default)
+    source = setup.text_sources(ppo_cfg(remote_rm_url="builtin:exact", reward_timeout=2.5))[0]
+    assert source.timeout == 2.5
