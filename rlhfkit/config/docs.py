@@ -328,14 +328,14 @@ def _test_link(node_id: str) -> str:
 
 def option_rows(flags_by_command: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
     """One row per (flag, registry entry): the commands that reach it, and the entry (None: missing)."""
-    from rlhfkit.config.effects import EFFECTS, effect_of
+    from rlhfkit.config.effects import effect_of, registry
 
     if flags_by_command is None:
         flags_by_command = {command: command_flags(command) for command in commands()}
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for command, flags in flags_by_command.items():
         for flag in flags:
-            key = f"{command}:{flag}" if f"{command}:{flag}" in EFFECTS else flag
+            key = f"{command}:{flag}" if f"{command}:{flag}" in registry() else flag
             row = rows.setdefault((flag, key), {"flag": flag, "key": key, "commands": [],
                                                 "effect": effect_of(command, flag)})
             row["commands"].append(command)

@@ -9,6 +9,7 @@ of any command has no entry, when a named test does not exist, or when the test'
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 
@@ -456,17 +457,33 @@ for _command in OFFLINE:  # ppo's max_norm is registered with the PPO algorithm 
                                          "the pre-clip norm is logged", _OPT + "test_max_norm_clips_the_gradient")
 
 
-def _merge() -> None:
-    from rlhfkit.config.effects_ppo import PPO_EFFECTS
+_merged = False
 
-    overlap = sorted(set(EFFECTS) & set(PPO_EFFECTS))
-    assert not overlap, f"options listed twice in effects.py and effects_ppo.py: {overlap}"
-    EFFECTS.update(PPO_EFFECTS)
+
+def registry() -> dict[str, Effect]:
+    """EFFECTS with the tables of effects_ppo.py merged in (once). Use this rather than EFFECTS: when effects_ppo is
+    imported first, it imports this module before its own table exists, and the merge waits for the first call."""
+    global _merged
+    if not _merged:
+        from rlhfkit.config.effects_ppo import PPO_EFFECTS
+
+        overlap = sorted(set(EFFECTS) & set(PPO_EFFECTS))
+        assert not overlap, f"options listed twice in effects.py and effects_ppo.py: {overlap}"
+        EFFECTS.update(PPO_EFFECTS)
+        _merged = True
+    return EFFECTS
 
 
 def effect_of(command: str, flag: str) -> Effect | None:
     """The entry for `--flag` of `rlhfkit command`: the command-specific key first, then the shared one."""
-    return EFFECTS.get(f"{command}:{flag}") or EFFECTS.get(flag)
+    effects = registry()
+    return effects.get(f"{command}:{flag}") or effects.get(flag)
 
 
-_merge()
+def _importing_effects_ppo() -> bool:
+    module = sys.modules.get("rlhfkit.config.effects_ppo")
+    return module is not None and not hasattr(module, "PPO_EFFECTS")
+
+
+if not _importing_effects_ppo():
+    registry()

@@ -8,7 +8,7 @@ import functools
 from pathlib import Path
 
 from rlhfkit.config.docs import command_flags, commands
-from rlhfkit.config.effects import EFFECTS, NoEffect, Tested, effect_of
+from rlhfkit.config.effects import NoEffect, Tested, effect_of, registry
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,7 +53,7 @@ def test_every_option_of_every_command_has_an_entry():
 
 def test_every_cited_test_exists_and_sets_the_flag():
     problems = []
-    for key, effect in sorted(EFFECTS.items()):
+    for key, effect in sorted(registry().items()):
         flag = key.split(":")[-1]
         if isinstance(effect, NoEffect):
             if not effect.reason.strip():
@@ -75,7 +75,7 @@ def test_no_entry_is_stale():
     flags = _all_flags()
     every = {flag for names in flags.values() for flag in names}
     stale = []
-    for key in EFFECTS:
+    for key in registry():
         command, _, flag = key.rpartition(":")
         if command and (command not in flags or flag not in flags[command]):
             stale.append(key)
@@ -93,3 +93,13 @@ def test_the_options_page_is_up_to_date_and_counts_every_option():
     total = sum(len(flags) for flags in _all_flags().values())
     assert f"of {total} options**" in text
     assert "[test_max_norm_clips_the_gradient](../tests/trainers/test_options_act.py)" in text
+
+
+def test_the_registry_merges_the_ppo_table_in_either_import_order():
+    import subprocess
+    import sys
+
+    code = ("import rlhfkit.config.effects_ppo as p; from rlhfkit.config.effects import registry; "
+            "assert set(p.PPO_EFFECTS) <= set(registry())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
