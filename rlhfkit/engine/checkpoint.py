@@ -62,6 +62,11 @@ def save_hf_folder(model: torch.nn.Module, tokenizer: Any, out_dir: str | Path,
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         unwrapped = getattr(model, "module", model)
+        for tied, source in (getattr(unwrapped, "all_tied_weights_keys", None) or {}).items():
+            # gathered from shards, a tied weight is its own tensor, which save_pretrained would write twice
+            # (a single-rank state dict shares storage and is written once): keep the source only
+            if tied in state and source in state and torch.equal(state[tied], state[source]):
+                del state[tied]
         for key, value in (extra_config or {}).items():
             setattr(unwrapped.config, key, value)
         unwrapped.save_pretrained(out, state_dict=state, safe_serialization=True)

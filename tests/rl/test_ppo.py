@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
 import pytest
-from ppo_helpers import run, series
+from ppo_helpers import assert_same_step, run, series
 
 from rlhfkit.rl.ppo_trainer import pass_at_k
 
@@ -27,8 +28,58 @@ def test_grpo_mean_reward_rises(tiny_model_dir, echo_prompt_file, rollout_vllm_e
     assert (tmp_path / "hf" / "config.json").exists()
 
 
-@pytest.mark.parametrize("estimator", ["reinforce", "reinforce_baseline", "dr_grpo", "rloo", "gae"])
-def test_every_estimator_runs_a_full_step(estimator, tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
+ESTIMATORS = ["reinforce", "reinforce_baseline", "dr_grpo", "rloo", "gae"]
+
+
+def reference_advantages(estimator: str, rewards: list[float], mask: list[list[bool]], kl: list[list[float]],
+                         values: list[list[float]] | None, kl_coef: float, n: int) -> list[list[float]]:
+    """The advantages of one rollout in float64 loops: clip the sequence rewards to [-10, 10], the estimator's
+    group baseline, the reward on the last valid token minus kl_coef * KL on every token, returns (gamma = 1) or
+    GAE (gamma = lambda = 1), then batch whitening (population std) for reinforce, reinforce_baseline and gae."""
+    r = [min(max(x, -10.0), 10.0) for x in rewards]
+    groups = [r[i - i % n: i - i % n + n] for i in range(len(r))]
+    if estimator in ("reinforce_baseline", "dr_grpo"):
+        r = [x - math.fsum(g) / n for x, g in zip(r, groups)]
+    elif estimator == "rloo":
+        r = [x - (math.fsum(g) - x) / (n - 1) for x, g in zip(r, groups)]
+    out = []
+    for b, row in enumerate(mask):
+        valid = [t for t, m in enumerate(row) if m]
+        token_r = [-kl_coef * kl[b][t] if m else 0.0 for t, m in enumerate(row)]
+        token_r[valid[-1]] += r[b]
+        adv, later = [0.0] * len(row), 0.0
+        for i, t in enumerate(reversed(valid)):
+            if estimator == "gae":  # delta_t = R_t + V_{t+1} - V_t; A_t = delta_t + A_{t+1}
+                nxt = values[b][valid[len(valid) - i]] if i else 0.0
+                later = token_r[t] + nxt - values[b][t] + later
+            else:
+                later += token_r[t]
+            adv[t] = later
+        out.append(adv)
+    if estimator in ("reinforce", "reinforce_baseline", "gae"):
+        flat = [out[b][t] for b, row in enumerate(mask) for t, m in enumerate(row) if m]
+        mu = math.fsum(flat) / len(flat)
+        std = math.sqrt(max(math.fsum((v - mu) ** 2 for v in flat) / len(flat), 1e-8))
+        out = [[(v - mu) / std if m else 0.0 for v, m in zip(adv, row)] for adv, row in zip(out, mask)]
+    return out
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_every_estimator_runs_a_full_step(estimator, tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path,
+                                          monkeypatch):
+    import torch
+
+    from rlhfkit.rl import make_experience
+
+    seen = []
+    compute = make_experience.compute_advantages_and_returns
+
+    def spy(name, rewards, mask, **kwargs):  # the driver's inputs and outputs, to check against the reference
+        out = compute(name, rewards, mask, **kwargs)
+        seen.append((name, rewards.clone(), mask.clone(), kwargs, out[0].clone()))
+        return out
+
+    monkeypatch.setattr(make_experience, "compute_advantages_and_returns", spy)
     extra = {"init_kl_coef": 0.01, "use_kl_loss": estimator == "rloo", "kl_estimator": "k3" if estimator == "rloo"
              else "k1", "max_samples": 4}
     rows = run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, advantage_estimator=estimator, **extra)
@@ -37,6 +88,21 @@ def test_every_estimator_runs_a_full_step(estimator, tiny_model_dir, echo_prompt
     assert "rollout/kl" in row
     if estimator == "gae":
         assert "train/critic_loss" in row and row["train/critic_grad_norm"] > 0
+    [(name, rewards, mask, kwargs, advantages)] = seen
+    assert name == estimator and rewards.shape == (32,) and kwargs["n_samples_per_prompt"] == 8
+    assert kwargs["kl_coef"] == (0.0 if estimator == "rloo" else 0.01)  # --use_kl_loss moves the KL into the loss
+    assert (kwargs["values"] is not None) == (estimator == "gae")
+    assert (kwargs["kl"] is None) == (estimator == "rloo")  # no reward-side KL with --use_kl_loss
+    assert len(set(rewards.tolist())) > 4  # the rollout's rewards differ, so the estimators must differ below
+    kl = torch.zeros(mask.shape) if kwargs["kl"] is None else kwargs["kl"]
+    args = dict(rewards=rewards.tolist(), mask=mask.bool().tolist(), kl=kl.tolist(),
+                values=None if kwargs["values"] is None else kwargs["values"].tolist(), kl_coef=kwargs["kl_coef"], n=8)
+    expected = torch.tensor(reference_advantages(estimator, **args), dtype=torch.float64)
+    torch.testing.assert_close(advantages.double(), expected, rtol=1e-5, atol=1e-5)
+    for other in ESTIMATORS:  # the same rollout under another estimator gives other advantages
+        if other != estimator and (other != "gae" or args["values"] is not None):
+            alt = torch.tensor(reference_advantages(other, **args), dtype=torch.float64)
+            assert (alt - expected).abs().max() > 1e-3, (estimator, other)
 
 
 def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
@@ -61,7 +127,7 @@ def test_two_trainer_ranks_match_one(tiny_model_dir, echo_prompt_file, rollout_v
     two = run(tiny_model_dir, echo_prompt_file, tmp_path / "two", rollout_vllm_engine, max_samples=4,
               actor_num_gpus_per_node=2, micro_train_batch_size=8)
     assert one[0]["rollout/reward_mean"] == pytest.approx(two[0]["rollout/reward_mean"], abs=1e-7)
-    assert one[0]["train/grad_norm"] == pytest.approx(two[0]["train/grad_norm"], rel=1e-4)
+    assert_same_step(one, two, tmp_path / "one", tmp_path / "two", tiny_model_dir)
 
 
 def test_a_raising_reward_function_stops_the_run_naming_it(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
