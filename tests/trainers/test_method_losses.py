@@ -84,7 +84,21 @@ def test_dpo_loss_equals_reference_function(policy, other, pairs, tokenizer):
             h = (pc - pr) - (rc - rr)  # the DPO formula written out, float64
             assert float(loss.detach()) == pytest.approx(float(-F.logsigmoid(variant["beta"] * h).sum()), rel=1e-5)
             loss.backward()
-            assert all(p.grad is None or torch.isfinite(p.grad).all() for p in policy.parameters())
+            # the gradient is the float64 reference's, sequence by sequence through the same weights
+            ref_logps = []
+            for ids_key, mask_key in PAIR_SIDES:
+                for sample in pairs:
+                    ids = sample[ids_key]
+                    logits = policy(input_ids=torch.tensor([ids])).logits[0, :-1].double()
+                    lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+                    ref_logps.append((lp * torch.tensor(sample[mask_key][1:], dtype=torch.float64)).sum())
+            ref_pc, ref_pr = torch.stack(ref_logps[:len(pairs)]), torch.stack(ref_logps[len(pairs):])
+            ref_loss = -F.logsigmoid(variant["beta"] * ((ref_pc - ref_pr) - (rc - rr))).sum()
+            params = [p for p in policy.parameters() if p.grad is not None]
+            assert len(params) == len(list(policy.parameters()))
+            assert max(float(p.grad.abs().max()) for p in params) > 1e-2  # a gradient far above the tolerance
+            for p, g in zip(params, torch.autograd.grad(ref_loss, params)):
+                torch.testing.assert_close(p.grad, g.to(p.grad.dtype), rtol=1e-3, atol=1e-5)
 
 
 def test_precomputed_reference_equals_live_reference(policy, other, other_model_dir, tiny_model_dir, pairs,
