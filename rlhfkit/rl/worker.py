@@ -112,6 +112,12 @@ class ModelWorker:
         """torch's intra-op threads in this rank (shown in the ppo start-up table)."""
         return torch.get_num_threads()
 
+    def whereabouts(self) -> dict[str, Any]:
+        """This rank's role, rank and placement as Ray sees it (recorded in the run's manifest)."""
+        from rlhfkit.observability.placement import whereabouts
+
+        return whereabouts(role=self.role, rank=self.dist.rank, threads=torch.get_num_threads())
+
     # ----------------------------------------------------------------- memory between phases
     def _on_cuda(self) -> bool:
         # With --adam_offload FSDP2's CPUOffloadPolicy already keeps the state in host RAM.
@@ -178,6 +184,18 @@ class ModelWorker:
             out = [_pad_to(self._action_log_probs(self._to_device(trim_padding(mb)))[0].cpu(), width)
                    for mb in micro_batches(batch, self.cfg.micro_rollout_batch_size)]
         return torch.cat(out)
+
+    @torch.no_grad()
+    def probe_log_probs(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+        """log softmax(logits)[token] at temperature 1 of each response token, as the engines' `score` computes it
+        (the weight-sync check, `rlhfkit.rl.sync_check`); collective over the group's ranks."""
+        self.model.eval()
+        seq = torch.tensor([list(prompt_ids) + list(response_ids)], device=self.dist.device)
+        mask = torch.ones_like(seq)
+        with self._frozen_on_device():
+            logits = self.model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask),
+                                logits_to_keep=len(response_ids) + 1).logits
+        return log_probs_from_logits(logits[:, :-1].float(), seq[:, -len(response_ids):])[0].cpu().tolist()
 
     @torch.no_grad()
     def rewards(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -36,6 +36,7 @@ class HFEngine:
         self.eos_token_ids = _eos_ids(self.model)
         self.pad_token_id = int(self.model.config.pad_token_id)
         self._weight_slot = WeightGroupSlot()  # --vllm_sync_backend gloo|nccl
+        self.dtype, self.prompts_generated = dtype, 0
 
     def ready(self) -> bool:
         """True once the model is loaded (lets callers wait on actor start)."""
@@ -47,6 +48,7 @@ class HFEngine:
         samples = []
         for i, prompt in enumerate(prompt_ids):
             samples.extend(self._generate_one(i, list(prompt), sampling))
+        self.prompts_generated += len(prompt_ids)
         return samples
 
     def _generate_one(self, index: int, prompt: list[int], sampling: SamplingConfig) -> list[RolloutSample]:
@@ -123,6 +125,12 @@ class HFEngine:
     def compute_threads(self) -> int:
         """torch's intra-op threads in this engine."""
         return torch.get_num_threads()
+
+    def whereabouts(self) -> dict[str, Any]:
+        """This engine's placement as Ray sees it, its dtype, and how many prompts it has generated for."""
+        from rlhfkit.observability.placement import whereabouts
+
+        return whereabouts(role="engine", backend="hf", dtype=self.dtype, prompts_generated=self.prompts_generated)
 
     def weight_sync_info(self) -> dict[str, Any]:
         """How many group ranks this engine takes (one: it is a single process) and whether it has CUDA."""

@@ -46,6 +46,7 @@ class VLLMEngine:
         from vllm import LLM
 
         self.enable_prefix_caching = enable_prefix_caching
+        self.dtype, self.prompts_generated = dtype, 0
         self.tensor_parallel_size = tensor_parallel_size
         import torch
 
@@ -56,7 +57,9 @@ class VLLMEngine:
 
         # vLLM's CPU backend crashes on seeded requests whose prompt is prefilled in chunks ("CPU Generator does
         # not use offset" when it rewinds the generator): on CPU, prefill every prompt whole.
-        extra = {} if torch.cuda.is_available() else {"enable_chunked_prefill": False}
+        extra = {"enable_sleep_mode": True} if enable_sleep_mode else {}
+        if not torch.cuda.is_available():
+            extra["enable_chunked_prefill"] = False
         self.llm = LLM(
             model=pretrain_path,
             tensor_parallel_size=tensor_parallel_size,
@@ -88,6 +91,7 @@ class VLLMEngine:
                 params.append(_sampling_params(sampling, sampling.sample_seed(i, j)))
                 keys.append((i, j))
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        self.prompts_generated += len(prompt_ids)
         return [_to_sample(i, j, prompt_ids[i], out.outputs[0]) for (i, j), out in zip(keys, outputs)]
 
     def score(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
@@ -124,6 +128,12 @@ class VLLMEngine:
         import torch
 
         return torch.get_num_threads()
+
+    def whereabouts(self) -> dict[str, Any]:
+        """This engine's placement as Ray sees it, its dtype, and how many prompts it has generated for."""
+        from rlhfkit.observability.placement import whereabouts
+
+        return whereabouts(role="engine", backend="vllm", dtype=self.dtype, prompts_generated=self.prompts_generated)
 
     def weight_sync_info(self) -> dict[str, Any]:
         """How many group ranks this engine takes (its tensor-parallel workers) and whether it runs on CUDA."""

@@ -15,6 +15,11 @@ the other module is never "loaded" and layerwise reload does not re-run its post
 processing packs `lm_head`'s GEMM weights into a separate buffer, which would keep the old weights (measured:
 log-probs off by ~0.1 after a sync). `_reprocess_tied_modules` re-runs it for every module sharing a weight.
 
+Mixture-of-experts on CPU: vLLM 0.32 re-runs the experts' generic processing on a reload but skips the CPU
+kernel's prepacking (`fused_experts.process_weights_after_loading`, run only when the kernel is first built), so
+the reloaded expert weights sit unpacked where the kernel reads packed ones (measured on a tiny Qwen3-MoE: log-probs
+off by 1e-2 after a sync that changed nothing). `_repack_cpu_moe_experts` runs that step again.
+
 Weights arrive either as tensors in the call (`rlhf_load_weight_bucket`, the Ray transport) or through a
 torch.distributed broadcast from the trainer (`rlhf_join_weight_group` once, then `rlhf_receive_weight_bucket`
 per bucket: `--vllm_sync_backend gloo|nccl`, see `rlhfkit.rollout.weight_broadcast`); both load the same way.
@@ -61,6 +66,7 @@ class WeightReloadExtension:
         runner = self.model_runner
         finalize_layerwise_reload(runner.get_model(), runner.vllm_config.model_config)
         _reprocess_tied_modules(runner.get_model())
+        _repack_cpu_moe_experts(runner.get_model())
         runner.reset_lora_state()
         runner.reset_encoder_cache()
         runner.reset_mm_cache()
@@ -121,3 +127,16 @@ def _reprocess_tied_modules(model: torch.nn.Module) -> None:
         if len(modules) > 1:
             for module in modules:
                 module.quant_method.process_weights_after_loading(module)
+
+
+def _repack_cpu_moe_experts(model: torch.nn.Module) -> int:
+    """Prepack every CPU fused-MoE layer's reloaded expert weights into its kernel's layout; returns the layers."""
+    repacked = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        on_cpu_kernel = type(experts).__module__.endswith("experts.cpu_moe")
+        if experts is not None and on_cpu_kernel and hasattr(module, "w13_weight"):
+            experts.process_weights_after_loading(module)
+            repacked += 1
+    return repacked

@@ -125,6 +125,14 @@ def test_colocate_actor_ref_with_the_ptx_loss(tiny_model_dir, echo_prompt_file, 
     ptx = series(rows, "train/ptx_loss")
     assert len(ptx) == 2 and ptx[1] < ptx[0] - 0.5, ptx
     assert all("rollout/kl" in r and r["train/grad_norm"] > 0 for r in rows)
+    groups = placement_groups(tmp_path)  # --colocate_actor_ref: the reference on the actor's bundles, the rest apart
+    assert groups["ref"] == groups["actor"] and len({groups["critic"], groups["reward"], groups["actor"]}) == 3
+
+
+def placement_groups(out: Path) -> dict[str, str]:
+    """role -> the Ray placement group its rank 0 reported (the run's manifest)."""
+    entries = json.loads((out / "run" / "manifest.json").read_text())["placement"]
+    return {e["role"]: e["placement_group_id"] for e in entries if e.get("rank", 0) == 0 and e["role"] != "engine"}
 
 
 def test_colocate_critic_reward_with_two_reward_models(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
@@ -138,6 +146,10 @@ def test_colocate_critic_reward_with_two_reward_models(tiny_model_dir, echo_prom
     assert first["rollout/reward_mean"] == pytest.approx(2 * first[keys[0]], abs=1e-5)
     assert "train/policy_loss" not in first and first["train/critic_grad_norm"] > 0
     assert second["train/grad_norm"] > 0
+    entries = json.loads((tmp_path / "run" / "manifest.json").read_text())["placement"]
+    rewards = {e["placement_group_id"] for e in entries if e["role"] == "reward"}
+    groups = placement_groups(tmp_path)  # --colocate_critic_reward: both reward groups on the critic's bundles
+    assert rewards == {groups["critic"]} and groups["critic"] not in (groups["actor"], groups["ref"])
 
 
 def test_colocate_all_models_with_a_serve_rm_reward(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
