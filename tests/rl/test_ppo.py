@@ -136,7 +136,9 @@ def test_a_raising_reward_function_stops_the_run_naming_it(tiny_model_dir, echo_
     bad.write_text("def reward_func(queries, prompts, labels):\n    raise KeyError('no such field')\n")
     with pytest.raises(Exception, match="bad_reward.py") as err:
         run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, remote_rm_url=str(bad), max_samples=4)
-    assert "sample" in str(err.value)
+    message = str(err.value)
+    assert f"reward function {bad}:reward_func failed on sample 0 (query: '" in message  # the file, function, row
+    assert "Repeat: " in message and "raised KeyError: 'no such field'" in message  # its query and the cause
 
 
 def test_pass_at_k_matches_the_combinatorial_definition():
