@@ -4,7 +4,8 @@ The program is the last ```` ```python ```` (or plain ```` ``` ````) fenced bloc
 response. The label (a dict, or a JSON string of one) says how to test it:
 
 * ``{"tests": ["assert add(1, 2) == 3", ...]}`` (or a single string): each assertion runs after the program, in its
-  own process; a case passes when the process exits 0;
+  own process; a case passes when the process exits 0 after the assertion ran (a program that exits early, e.g.
+  ``sys.exit(0)`` before the appended test, fails the case);
 * ``{"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}``: stdin/stdout cases; a case passes when the program's
   stdout equals the expected output (trailing whitespace of each line and trailing blank lines ignored).
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -90,8 +92,12 @@ def _limits(memory_mb: int, cpu_seconds: int) -> Callable[[], None]:
 
 
 def run_case(program: str, case: Case, *, timeout: float = 5.0, memory_mb: int = 512) -> tuple[bool, bool]:
-    """(passed, timed out) of one case in a fresh limited subprocess."""
-    source = program if not case.append else f"{program}\n\n{case.append}\n"
+    """(passed, timed out) of one case in a fresh limited subprocess. An assertion case passes only when the
+    process exits 0 *after* the assertions ran: a random token printed after them must end stdout, so a program
+    that calls `sys.exit(0)` (or `os._exit(0)`) before the appended tests does not pass them."""
+    reached = secrets.token_hex(16)
+    source = program if not case.append else \
+        f"{program}\n\n{case.append}\n\nimport sys as _rlhfkit_sys\n_rlhfkit_sys.stdout.write('\\n{reached}\\n')\n"
     with tempfile.TemporaryDirectory(prefix="rlhfkit_code_") as workdir:
         try:
             done = subprocess.run([sys.executable, "-I", "-S", "-c", source], input=case.stdin, capture_output=True,
@@ -102,7 +108,7 @@ def run_case(program: str, case: Case, *, timeout: float = 5.0, memory_mb: int =
     if done.returncode != 0:
         return False, False
     if case.expected_stdout is None:
-        return True, False
+        return not case.append or done.stdout.rstrip().endswith(reached), False
     return _normalize_output(done.stdout) == _normalize_output(case.expected_stdout), False
 
 
