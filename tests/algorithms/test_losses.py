@@ -205,3 +205,57 @@ def test_dr_grpo_aggregation_uses_a_constant_normaliser():
     logits = torch.randn(5, 4, 3, generator=g, dtype=torch.float64)
     ent = policy_entropy(logits, MASK, loss_agg_mode="token_mean", num_tokens=50)
     assert ent.item() == pytest.approx(entropy_from_logits(logits)[MASK].sum().item() / 50, rel=1e-12)
+
+
+def test_value_loss_defaults_metrics_token_out_and_batch_counts():
+    """The default mode is token_mean, ``token_out`` holds 0.5 (V - G)^2 on valid tokens and 0 elsewhere,
+    ``values_mean`` is the masked mean of V, and num_tokens / num_seqs / max_len reach the aggregation."""
+    g = torch.Generator().manual_seed(5)
+    v = torch.randn(MASK.shape, generator=g, dtype=torch.float64)
+    ret = torch.randn(MASK.shape, generator=g, dtype=torch.float64)
+    sq = [[(v[b, t].item() - ret[b, t].item()) ** 2 for t in range(4)] for b in range(5)]
+    valid = [(b, t) for b in range(5) for t in range(4) if MASK[b, t]]
+    out = {}
+    loss, metrics = value_loss(v, v, ret, MASK, token_out=out)
+    assert loss.item() == pytest.approx(0.5 * ref_agg(sq, "token_mean"), rel=1e-12)
+    expected = [[0.5 * sq[b][t] if MASK[b, t] else 0.0 for t in range(4)] for b in range(5)]
+    torch.testing.assert_close(out["loss"], torch.tensor(expected, dtype=torch.float64))
+    assert metrics["values_mean"].item() == pytest.approx(math.fsum(v[b, t].item() for b, t in valid) / len(valid))
+    total = math.fsum(sq[b][t] for b, t in valid)
+    assert value_loss(v, v, ret, MASK, num_tokens=40.0)[0].item() == pytest.approx(0.5 * total / 40, rel=1e-12)
+    seq = value_loss(v, v, ret, MASK, loss_agg_mode="seq_mean", num_seqs=8.0)[0].item()
+    assert seq == pytest.approx(0.5 * ref_agg(sq, "seq_mean") * 4 / 8, rel=1e-12)  # 4 rows have tokens
+    drgrpo = value_loss(v, v, ret, MASK, loss_agg_mode="seq_mean_token_sum_norm", num_seqs=2, max_len=10)[0]
+    assert drgrpo.item() == pytest.approx(0.5 * total / 20, rel=1e-12)
+    # float32 inputs are computed in float32 or wider, and the gradient reaches the values
+    v32 = v.float().requires_grad_(True)
+    loss32, _ = value_loss(v32, v32.detach(), ret.float(), MASK)
+    loss32.backward()
+    assert loss32.item() == pytest.approx(loss.item(), rel=1e-5)
+    n = len(valid)
+    grad = [[(v[b, t].item() - ret[b, t].item()) / n if MASK[b, t] else 0.0 for t in range(4)] for b in range(5)]
+    torch.testing.assert_close(v32.grad.double(), torch.tensor(grad, dtype=torch.float64), rtol=1e-5, atol=1e-7)
+
+
+def test_clip_bounds_default_upper_eps_check_and_log_ratio_clip_reaches_the_ratio():
+    assert clip_bounds() == (0.2, 0.2)
+    with pytest.raises(ValueError, match="clip range"):
+        clip_bounds(0.2, (1.5, 0.3))  # eps_low > 1 would make the lower bound 1 - eps_low negative
+    new = torch.tensor([[0.0, -1.0]], dtype=torch.float64)
+    old = torch.tensor([[-3.0, -1.0]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, -1.0]], dtype=torch.float64)
+    _, metrics = ppo_policy_loss(new, old, adv, None, log_ratio_clip=1.0)  # log-ratio 3 clamped to 1
+    assert metrics["ratio_max"].item() == pytest.approx(math.e, rel=1e-12)
+    assert metrics["approx_kl"].item() == pytest.approx(-0.5, rel=1e-12)
+
+
+def test_ppo_token_out_holds_ratio_and_the_per_token_loss():
+    new, old, adv = batch(2)
+    out = {}
+    loss, _ = ppo_policy_loss(new, old, adv, MASK, token_out=out)
+    ratio = [[math.exp(new[b, t].item() - old[b, t].item()) for t in range(4)] for b in range(5)]
+    per = [[ref_ppo_token(new[b, t].item(), old[b, t].item(), adv[b, t].item(), 0.2, 0.2, None, 1.0)
+            if MASK[b, t] else 0.0 for t in range(4)] for b in range(5)]
+    torch.testing.assert_close(out["ratio"], torch.tensor(ratio, dtype=torch.float64), rtol=1e-12, atol=0)
+    torch.testing.assert_close(out["loss"], torch.tensor(per, dtype=torch.float64), rtol=1e-12, atol=1e-15)
+    assert loss.item() == pytest.approx(ref_agg(per, "token_mean"), rel=1e-12)

@@ -142,3 +142,11 @@ def test_aggregate_loss_all_masked_is_zero_with_gradient():
         out.backward()
         assert torch.equal(x.grad, torch.zeros(2, 3))
         x.grad = None
+
+
+def test_aggregate_loss_defaults_to_token_mean_and_masked_mean_rejects_dim_with_a_group():
+    loss = torch.tensor([[1.0, 2.0, 4.0], [8.0, 16.0, 32.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0], [0, 0, 1]])
+    assert aggregate_loss(loss, mask).item() == pytest.approx((1 + 2 + 32) / 3, rel=1e-15)
+    with pytest.raises(ValueError, match="process_group is only supported with dim=None"):
+        masked_mean(loss, mask, dim=-1, process_group=object())

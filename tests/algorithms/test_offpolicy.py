@@ -92,3 +92,25 @@ def test_logprob_mismatch_identical_and_empty():
     assert m["logprob_abs_diff_mean"].item() == 0.0 and m["is_ratio_mean"].item() == 1.0
     empty = logprob_mismatch(train, train, torch.zeros_like(MASK))
     assert all(v.item() == 0.0 for v in empty.values())
+
+
+def test_log_ratios_are_clamped_at_20_by_default():
+    """``d = log pi_train - log pi_rollout`` is clamped to +-20 before exp (the documented default)."""
+    train = torch.tensor([[0.0, 0.0, -3.0]], dtype=torch.float64)
+    rollout = torch.tensor([[-25.0, 30.0, -3.5]], dtype=torch.float64)
+    m = logprob_mismatch(train, rollout, None)
+    clamped = [20.0, -20.0, 0.5]
+    assert m["logprob_abs_diff_max"].item() == 20.0
+    assert m["logprob_abs_diff_mean"].item() == pytest.approx(40.5 / 3, rel=1e-12)
+    assert m["is_ratio_mean"].item() == pytest.approx(math.fsum(math.exp(x) for x in clamped) / 3, rel=1e-12)
+    w, metrics = importance_weights(train, rollout, None, low=0.0, high=1e12)
+    assert w[0].tolist() == pytest.approx([math.exp(x) for x in clamped], rel=1e-12)
+    assert metrics["is_truncated_frac"].item() == 0.0
+
+
+def test_equal_truncation_bounds_are_allowed():
+    """low == high is a valid range (0 <= low <= high): tis then sets every valid weight to that value."""
+    train = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float64)
+    rollout = torch.tensor([[-1.5, -1.0, -0.5]], dtype=torch.float64)
+    w, _ = importance_weights(train, rollout, torch.tensor([[1, 1, 0]]), low=2.0, high=2.0)
+    assert w.tolist() == [[2.0, 2.0, 0.0]]

@@ -36,7 +36,10 @@ def test_pairwise_and_logexp_losses():
         assert logexp_loss(c, r, m).item() == pytest.approx(math.fsum(logexp) / 4, rel=1e-12)
         torch.testing.assert_close(pairwise_loss(c, r, m, "none"), torch.tensor(per, dtype=torch.float64))
         assert reward_model_loss(c, r, "logexp", m, "sum").item() == pytest.approx(math.fsum(logexp), rel=1e-12)
+        assert reward_model_loss(c, r, margin=m).item() == pytest.approx(math.fsum(per) / 4, rel=1e-12)  # sigmoid
+        assert reward_model_loss(c, r, "sigmoid", m, "sum").item() == pytest.approx(math.fsum(per), rel=1e-12)
     assert pairwise_loss(c, r, 0.5).item() == pytest.approx(pairwise_loss(c, r, torch.full_like(c, 0.5)).item())
+    assert logexp_loss(c, r, 0.5).item() == pytest.approx(logexp_loss(c, r, torch.full_like(c, 0.5)).item())
     with pytest.raises(ValueError, match="--loss"):
         reward_model_loss(c, r, "hinge")
     with pytest.raises(ValueError, match="reduction"):
@@ -114,6 +117,16 @@ def test_kto_matches_paper_formula():
     torch.testing.assert_close(rewards, beta * (pol - ref))
 
 
+@pytest.mark.parametrize("beta", [0.0, -0.1])
+def test_kto_refuses_non_positive_beta(beta):
+    """beta = 0 makes every KTO loss the constant lambda / 2 (no gradient), beta < 0 rewards the wrong answers."""
+    x = torch.zeros(2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="--beta must be > 0"):
+        kto_loss(x, x, torch.tensor([1, 0]), x, x, beta=beta)
+    loss, _, _ = kto_loss(x, x, torch.tensor([1, 0]), x, x, beta=1e-9)  # any positive beta is accepted
+    assert loss.item() == pytest.approx(0.5)
+
+
 def test_kto_reference_point_is_clamped_and_detached():
     pol = torch.tensor([-5.0, -5.0], requires_grad=True)
     z = kto_reference_kl(pol, torch.tensor([-1.0, -2.0]))
@@ -164,3 +177,17 @@ def test_dpo_extreme_log_ratios_reach_their_limits():
         pc.grad = None
     finite, _, _ = dpo_loss(pc[:2], pr[:2], ref[:2], ref[:2])  # the two finite extremes alone: (0 + 1000) / 2
     assert finite.item() == pytest.approx(500.0, rel=1e-6)
+
+
+def test_half_precision_inputs_are_computed_in_float32():
+    """bf16 log-probs / rewards are upcast before the arithmetic: the result is float32 and as accurate as
+    float32 on the (exactly representable) bf16 values, checked against float64."""
+    c = torch.tensor([1.5, -2.25, 0.75], dtype=torch.bfloat16)
+    r = torch.tensor([0.5, 1.0, 0.625], dtype=torch.bfloat16)
+    out = pairwise_loss(c, r, reduction="none")
+    assert out.dtype == torch.float32
+    ref = [-log_sigmoid(a - b) for a, b in zip(c.double().tolist(), r.double().tolist())]
+    assert out.tolist() == pytest.approx(ref, rel=1e-6)
+    x = torch.tensor([[-0.1, -2.5, -7.0]], dtype=torch.bfloat16)
+    seq = sequence_log_probs(x, None)
+    assert seq.dtype == torch.float32 and seq.item() == pytest.approx(math.fsum(x.double()[0].tolist()), rel=1e-6)

@@ -131,3 +131,25 @@ def test_kl_controllers():
     assert restored.value == ctl.value
     with pytest.raises(ValueError, match="kl_target"):
         AdaptiveKLController(0.1, 0.0, 10)
+
+
+def test_running_mean_std_starts_at_unit_variance_and_fixed_kl_roundtrips():
+    rms = RunningMeanStd()
+    assert (rms.mean, rms.var, rms.count, rms.std) == (0.0, 1.0, 0.0, 1.0)
+    # before any update, normalisation is the identity up to sqrt(1 + eps)
+    assert rms.normalize(torch.tensor([2.0], dtype=torch.float64)).item() == pytest.approx(2 / math.sqrt(1 + 1e-8))
+    fixed = FixedKLController(0.05)
+    assert fixed.state_dict() == {"value": 0.05}
+    restored = FixedKLController(1.0)
+    restored.load_state_dict({"value": 0.02})
+    assert restored.value == 0.02 and isinstance(restored.value, float)
+
+
+def test_shape_rewards_kl_needs_both_kl_and_a_coefficient():
+    """The penalty is applied only with a KL tensor and kl_coef > 0; the default coefficient is 0."""
+    r = torch.tensor([1.0, -2.0, 0.5, 3.0, 0.25, 4.0], dtype=torch.float64)
+    kl = torch.rand(MASK.shape, dtype=torch.float64) + 0.1
+    plain = ref_shape(r.tolist(), kl.tolist(), MASK, 0.0)
+    torch.testing.assert_close(shape_rewards(r, MASK, kl), plain)
+    torch.testing.assert_close(shape_rewards(r, MASK, None, kl_coef=0.1), plain)
+    torch.testing.assert_close(shape_rewards(r, MASK, kl, kl_coef=0.1), ref_shape(r.tolist(), kl.tolist(), MASK, 0.1))

@@ -44,6 +44,7 @@ def test_masked_lm_loss_matches_reference(shift):
     out = masked_lm_loss(logits, labels, mask, shift=shift)
     assert out.item() == pytest.approx(ref_lm(logits, labels, mask, shift), rel=1e-12)
     assert ptx_loss(logits, labels, mask, ptx_coef=0.05, shift=shift).item() == pytest.approx(0.05 * out.item())
+    assert ptx_loss(logits, labels, mask, shift=shift).item() == pytest.approx(0.05 * out.item())  # --ptx_coef 0.05
 
 
 def test_masked_lm_loss_agrees_with_torch_cross_entropy_and_handles_empty():
@@ -67,6 +68,15 @@ def test_distillation_loss_matches_reference():
                 vals.append(math.fsum(math.exp(a) * (a - c) for a, c in zip(lt, ls)))
     assert distillation_loss(s, t, mask).item() == pytest.approx(math.fsum(vals) / len(vals), rel=1e-12)
     assert distillation_loss(t, t, mask).item() == pytest.approx(0.0, abs=1e-12)
+    # a bf16 teacher (KD from a bf16 model) is upcast to the student's float64 before its softmax
+    t16 = t.bfloat16()
+    vals16 = []
+    for b in range(2):
+        for i in range(4):
+            if mask[b, i]:
+                ls, lt = log_softmax(s[b, i].tolist()), log_softmax(t16[b, i].double().tolist())
+                vals16.append(math.fsum(math.exp(a) * (a - c) for a, c in zip(lt, ls)))
+    assert distillation_loss(s, t16, mask).item() == pytest.approx(math.fsum(vals16) / len(vals16), rel=1e-12)
 
 
 def test_distillation_gradient_equals_teacher_cross_entropy_gradient():
@@ -137,6 +147,37 @@ def test_prm_soft_labels():
     assert loss.item() == pytest.approx(math.fsum(vals) / 3, rel=1e-12)
     assert acc.item() == pytest.approx(sum(hits) / 3, rel=1e-12)
     assert 0 < sum(hits) < 3  # the batch has both hits and misses, so the accuracy is not a trivial 0 or 1
+
+
+@pytest.mark.parametrize("bad", [-0.01, 1.01, -1.0, 2.0])
+def test_prm_soft_labels_outside_zero_one_are_refused(bad):
+    logits, ids = prm_batch()
+    labels = torch.zeros(ids.shape, dtype=torch.float64)
+    labels[0, 2], labels[0, 4], labels[1, 0] = 0.5, bad, 0.5
+    with pytest.raises(ValueError, match="probabilities in \\[0, 1\\]"):
+        prm_token_loss(logits, ids, labels, placeholder_token_id=PLACEHOLDER, reward_token_ids=[GOOD, BAD])
+
+
+def test_prm_soft_labels_accept_the_bounds_and_the_loss_is_minimal_at_the_target():
+    """p = 0 and p = 1 are valid; the loss is a cross-entropy, so it is smallest when the predicted
+    two-class distribution equals the target one (sign or target-order mistakes move the minimum)."""
+    ids = torch.tensor([[PLACEHOLDER, PLACEHOLDER, PLACEHOLDER]])
+    labels = torch.tensor([[0.0, 1.0, 0.7]], dtype=torch.float64)
+
+    def loss_at(margin):
+        logits = torch.zeros(1, 3, 10, dtype=torch.float64)
+        logits[0, :, GOOD] = margin  # softmax over (GOOD, BAD) = (sigmoid(margin), 1 - sigmoid(margin))
+        return prm_token_loss(logits, ids, labels, placeholder_token_id=PLACEHOLDER, reward_token_ids=[GOOD, BAD])[0]
+
+    # per row: -(p log s + (1 - p) log(1 - s)) with s = sigmoid(margin); all three rows share the margin
+    def reference(m):
+        s = 1 / (1 + math.exp(-m))
+        return math.fsum(-(p * math.log(s) + (1 - p) * math.log(1 - s)) for p in (0.0, 1.0, 0.7)) / 3
+
+    for m in (-2.0, 0.0, 0.5, 3.0):
+        assert loss_at(m).item() == pytest.approx(reference(m), rel=1e-12)
+    best = math.log(1.7 / 1.3)  # the mean target is p = 1.7 / 3, so the minimum is at sigmoid(m) = 1.7 / 3
+    assert loss_at(best).item() < min(loss_at(best - 0.1).item(), loss_at(best + 0.1).item())
 
 
 def test_prm_errors_and_no_placeholder():
