@@ -59,11 +59,12 @@ def _jsonable(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, type(None), list, dict)) else str(value)
 
 
-def write_manifest(run_dir: Path, cfg: Any, world_size: int) -> dict[str, Any]:
-    """manifest.json: everything needed to reproduce the run."""
+def write_manifest(run_dir: Path, cfg: Any, world_size: int, torchrun: bool = True) -> dict[str, Any]:
+    """manifest.json: everything needed to reproduce the run. `torchrun`: the command is launched once per rank
+    (the offline commands); False for the Ray-driven ones (ppo), which start their ranks themselves."""
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     command = "rlhfkit " + cfg.command + " " + " ".join(shlex.quote(a) for a in cfg.argv)
-    if world_size > 1:
+    if world_size > 1 and torchrun:
         command = f"torchrun --nproc_per_node {world_size} -m rlhfkit.cli.{cfg.command.replace('-', '_')} " + \
             " ".join(shlex.quote(a) for a in cfg.argv)
     manifest = {
@@ -85,12 +86,12 @@ def write_manifest(run_dir: Path, cfg: Any, world_size: int) -> dict[str, Any]:
     return manifest
 
 
-def prepare_run_dir(cfg: Any, is_main: bool, world_size: int) -> Path:
+def prepare_run_dir(cfg: Any, is_main: bool, world_size: int, torchrun: bool = True) -> Path:
     """Create the run folder (rank 0), set up logging, write the manifest."""
     run_dir = Path(cfg.run_dir or default_run_dir(cfg.command))
     cfg.run_dir = str(run_dir)
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_manifest(run_dir, cfg, world_size)
+        write_manifest(run_dir, cfg, world_size, torchrun)
     setup_logging(run_dir if is_main else None, is_main)
     return run_dir

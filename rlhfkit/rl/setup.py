@@ -381,7 +381,7 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
     cfg.vllm_sync_backend = resolve_sync_backend(cfg.vllm_sync_backend, has_gpus, cfg.colocate_all_models)
     # before worker_cfg (workers get concrete dtypes); the driver never creates a CUDA context of its own
     apply_precision(cfg, "cuda" if has_gpus else "cpu", touch_device=False)
-    prepare_run_dir(cfg, True, _world(cfg, "actor"))
+    prepare_run_dir(cfg, True, _world(cfg, "actor"), torchrun=False)  # the driver starts the ranks: no torchrun
     cfg.pretrain = resolve_pretrain(cfg.pretrain)
     tokenizer = load_tokenizer(cfg.pretrain)
     if cfg.tokenizer_chat_template:
