@@ -104,7 +104,7 @@ class ProcessLabels:
             if len(ids) != 1:
                 raise row_error(row, f"step label {value!r} is {len(ids)} tokens; a hard label must be one token")
             return ids[0]
-        if isinstance(value, (bool, np.bool_, numbers.Integral)):
+        if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral) and value in (0, 1)):
             if self.reward_ids is None or len(self.reward_ids) != 2:
                 raise row_error(row, "boolean step labels need exactly two --reward_tokens (good, bad)")
             return self.reward_ids[0] if bool(value) else self.reward_ids[1]
