@@ -64,6 +64,9 @@ def run_batch_inference(cfg: Any, engines: list[Any] | None = None) -> dict[str,
     """Do the task, write `--output_path` (atomically), return the stats. `engines`: running rollout engine actors
     to reuse (tests, notebooks); otherwise they are started (and stopped) here."""
     validate(cfg)
+    from rlhfkit.rl.preflight import preflight_batch_inference
+
+    preflight_batch_inference(cfg, engines)  # the model's context, the host, reward files: before Ray starts
     began = time.perf_counter()
     stats: dict[str, Any] = {"task": cfg.eval_task}
     if cfg.eval_task == "rm":

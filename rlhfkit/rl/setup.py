@@ -29,6 +29,7 @@ from rlhfkit.rl.colocation import Phases
 from rlhfkit.rl.debug_dump import dump_steps
 from rlhfkit.rl.group import ModelGroup, cluster_has_gpus, make_placement_group
 from rlhfkit.rl.make_experience import PromptStream
+from rlhfkit.rl.preflight import preflight
 from rlhfkit.rl.reward_group import RolloutRewards, model_specs, text_sources
 from rlhfkit.rl.sync_check import SyncCheck
 from rlhfkit.rl.weight_push import push_actor_weights, resolve_sync_backend
@@ -375,6 +376,7 @@ def load_ptx(cfg: Any, tokenizer: Any) -> PromptStream | None:
 def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
     """Everything a run needs. `engines`: already-running rollout engines to reuse (tests, notebooks)."""
     validate_rl(cfg)
+    preflight(cfg, engines)  # model context, host devices and RAM, the user's .py files: before Ray starts
     agent = load_agent(cfg.agent_func_path, cfg.agent_action_max_len) if cfg.agent_func_path else None
     owns_ray = start_ray(cfg)
     has_gpus = cluster_has_gpus()

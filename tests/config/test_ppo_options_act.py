@@ -28,6 +28,7 @@ def ppo_cfg(**flags):
 def _run_setup(monkeypatch, cfg) -> dict:
     seen: dict = {"placement": []}
     monkeypatch.setattr(setup, "start_ray", lambda cfg: False)
+    monkeypatch.setattr(setup, "preflight", lambda cfg, engines=None: None)  # tests/rl/test_preflight.py
     monkeypatch.setattr(setup, "cluster_has_gpus", lambda: False)
     monkeypatch.setattr(setup, "make_placement_group",
                         lambda nodes, per_node, cpus: seen["placement"].append((nodes, per_node)) or object())

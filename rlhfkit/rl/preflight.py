@@ -1,0 +1,196 @@
+"""Checks of an online run's configuration that need the model's config, the host or the user's files, made before Ray
+or any engine starts: each failure is a ConfigError naming the flags, what was found and the fix (docs/errors.md).
+
+- `--prompt_max_len + --generate_max_len` against the model's `max_position_embeddings` (read with AutoConfig);
+- `--vllm_num_engines x --vllm_tensor_parallel_size` (batch-inference: `--tp_size`) against the GPUs (or, without
+  GPUs, the CPU cores) of this host;
+- `--vllm_kv_cache_mb x --vllm_num_engines` against the host's available RAM (CPU engines);
+- the `.py` files of `--remote_rm_url` / `--reward_pretrain` and `--agent_func_path` import, and define what they must.
+
+The host checks are skipped when the run joins a cluster (`--ray_address` / RAY_ADDRESS: its resources are not this
+host's) or reuses engines it is given. `rlhfkit batch-inference` runs the same checks (`preflight_batch_inference`;
+`--max_new_tokens` is its generation length, `--tp_size` its tensor parallelism).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from rlhfkit.config.parse import ConfigError
+
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def preflight(cfg: Any, engines: list[Any] | None = None) -> None:
+    """`rlhfkit ppo`: every check below, in the order a user would want to hear about them."""
+    check_user_files(cfg)
+    check_context_length(cfg.pretrain, cfg.prompt_max_len, cfg.generate_max_len)
+    if engines is None and not _joins_cluster(cfg) and cfg.rollout_backend == "vllm":
+        check_engine_devices(cfg.vllm_num_engines, cfg.vllm_tensor_parallel_size)
+        check_kv_cache_memory(cfg.vllm_kv_cache_mb, cfg.vllm_num_engines)
+
+
+def preflight_batch_inference(cfg: Any, engines: list[Any] | None = None) -> None:
+    """`rlhfkit batch-inference`: its reward files; with --eval_task generate_vllm the context and the host."""
+    check_user_files(cfg, agent=False)
+    if cfg.eval_task != "generate_vllm":
+        return
+    check_context_length(cfg.pretrain, cfg.prompt_max_len, cfg.max_new_tokens, "--max_new_tokens")
+    if engines is None and not _joins_cluster(cfg):
+        check_engine_devices(cfg.vllm_num_engines, cfg.tp_size, "--tp_size")
+        check_kv_cache_memory(cfg.vllm_kv_cache_mb, cfg.vllm_num_engines)
+
+
+def _joins_cluster(cfg: Any) -> bool:
+    return bool(getattr(cfg, "ray_address", None) or os.environ.get("RAY_ADDRESS"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the model's context
+
+
+def model_position_limit(pretrain: str) -> int | None:
+    """The model's maximum positions from its config.json (None when it declares none)."""
+    from transformers import AutoConfig
+
+    from rlhfkit.models.loading import resolve_pretrain
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_pretrain(pretrain))
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--pretrain {pretrain}: cannot read its config ({err})") from None
+    config = getattr(config, "text_config", None) or config
+    for key in POSITION_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def check_context_length(pretrain: str, prompt_max_len: int, new_tokens: int,
+                         new_flag: str = "--generate_max_len") -> None:
+    limit = model_position_limit(pretrain)
+    total = prompt_max_len + new_tokens
+    if limit is not None and total > limit:
+        if prompt_max_len < limit // 2:
+            fix = f"{new_flag} {limit - prompt_max_len} with this --prompt_max_len"
+        else:
+            fix = f"--prompt_max_len {limit // 2} {new_flag} {limit - limit // 2}"
+        raise ConfigError(f"--prompt_max_len {prompt_max_len} + {new_flag} {new_tokens} = "
+                          f"{total} tokens, but the model {pretrain} has max_position_embeddings {limit}: the "
+                          f"rollout engines refuse a context longer than the model's. Lower them so that the sum is "
+                          f"<= {limit} (e.g. {fix})")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the host: devices and memory
+
+
+def local_gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def available_ram_mb() -> int | None:
+    """MiB of RAM available to new processes (psutil, else /proc/meminfo's MemAvailable); None when unknown."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available // 2**20)
+    except ImportError:
+        pass
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_engine_devices(engines: int, tp: int, tp_flag: str = "--vllm_tensor_parallel_size") -> None:
+    if engines < 1 or tp < 1:
+        raise ConfigError(f"--vllm_num_engines {engines} and {tp_flag} {tp} must both be >= 1")
+    gpus = local_gpu_count()
+    if gpus:
+        if engines * tp > gpus:
+            raise ConfigError(f"--vllm_num_engines {engines} x {tp_flag} {tp} = {engines * tp} "
+                              f"GPUs, but this host has {gpus}: lower one of the two (each engine shard takes a "
+                              f"whole GPU), or join a larger cluster with --ray_address")
+        return
+    if tp != 1:
+        raise ConfigError(f"{tp_flag} {tp}: tensor parallelism needs GPUs and this host has none; "
+                          f"use {tp_flag} 1 (CPU engines run one process each)")
+    cores = os.cpu_count() or 1
+    if engines > cores:
+        raise ConfigError(f"--vllm_num_engines {engines}: this host has no GPU and {cores} CPU cores; each CPU "
+                          f"engine needs at least one core. Use --vllm_num_engines {cores} or fewer")
+
+
+def check_kv_cache_memory(kv_cache_mb: int, engines: int) -> None:
+    if local_gpu_count():
+        return  # on GPUs the KV cache is --vllm_gpu_memory_utilization of the device, not host RAM
+    need = kv_cache_mb * engines
+    have = available_ram_mb()
+    if have is not None and need > have:
+        per_engine = max(1, have // max(1, engines) // 2)
+        raise ConfigError(f"--vllm_kv_cache_mb {kv_cache_mb} x --vllm_num_engines {engines} = "
+                          f"{need} MiB of KV cache, but this host has {have} MiB of RAM available (before the models "
+                          f"are loaded): lower --vllm_kv_cache_mb (e.g. {per_engine}) or --vllm_num_engines")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the user's Python files
+
+
+def import_user_file(flag: str, path: str, needs: str, shape: str) -> Any:
+    """Import `path` as a throw-away module; ConfigError naming the flag, the file and the failing line when it does
+    not import or lacks `needs`. Returns the module."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(f"{flag} {path}: no such file ({shape})")
+    name = f"rlhfkit_preflight_{abs(hash(str(file.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{flag} {path}: cannot be imported as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as err:
+        line = (err.text or "").rstrip()
+        raise ConfigError(f"{flag} {path}: syntax error at line {err.lineno}: {err.msg}"
+                          + (f"\n    {line.strip()}" if line else "")) from None
+    except Exception as err:
+        frames = [f for f in traceback.extract_tb(err.__traceback__) if Path(f.filename).resolve() == file.resolve()]
+        where = f" at line {frames[-1].lineno}" + (f"\n    {frames[-1].line}" if frames[-1].line else "") \
+            if frames else ""
+        raise ConfigError(f"{flag} {path}: importing it raised {type(err).__name__}: {err}{where}") from None
+    finally:
+        sys.modules.pop(name, None)
+    if getattr(module, needs, None) is None or not callable(getattr(module, needs)):
+        raise ConfigError(f"{flag} {path}: defines no {needs} ({shape})")
+    return module
+
+
+def check_user_files(cfg: Any, agent: bool = True) -> None:
+    from rlhfkit.agents.environment import AGENT_CLASS
+    from rlhfkit.rewards.reward_func import FILE_SHAPE, FUNC_NAME
+    from rlhfkit.rewards.sources import spec_kind, split_specs
+
+    for flag in ("--reward_pretrain", "--remote_rm_url"):
+        for spec in split_specs(getattr(cfg, flag[2:])):
+            if spec_kind(spec) == "file":
+                import_user_file(flag, spec, FUNC_NAME, FILE_SHAPE)
+    if agent and cfg.agent_func_path:
+        module = import_user_file("--agent_func_path", cfg.agent_func_path, AGENT_CLASS,
+                                  f"a .py file defining class {AGENT_CLASS} with step(states); see docs/agents.md")
+        if not callable(getattr(getattr(module, AGENT_CLASS), "step", None)):
+            raise ConfigError(f"--agent_func_path {cfg.agent_func_path}: {AGENT_CLASS} has no step(self, states) "
+                              "method")
