@@ -14,11 +14,13 @@ GROUPS = RL_GROUPS
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from rlhfkit.observability.report import write_report
+    from rlhfkit.observability.summary import summarize_run, summary_lines
     from rlhfkit.rl.ppo_trainer import train_ppo
 
     cfg = parse_config("ppo", GROUPS, argv, DESCRIPTION)
     result = train_ppo(cfg)
     print(f"report: {write_report(cfg.run_dir)}")
+    print("\n".join(summary_lines(summarize_run(cfg.run_dir))))
     return result
 
 

@@ -17,6 +17,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.observability.runfiles import RunMetrics, _number, read_json, read_metrics, read_samples
+from rlhfkit.observability.summary import flat_zero_metrics, summarize, summary_html
 from rlhfkit.observability.svg import PALETTE, Series, format_number, is_finite, line_plot
 
 REPORT_NAME = "report.html"
@@ -25,122 +27,6 @@ MAX_TEXT_CHARS = 4000           # longer prompts/responses are cut in the sample
 
 class ReportError(ValueError):
     """The run folder cannot be reported on (it does not exist, or has no metrics.jsonl)."""
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Reading the run folder
-
-
-@dataclass
-class RunMetrics:
-    """Per metric: step -> value (the last row wins for a repeated step). Non-finite values are kept as floats."""
-
-    series: dict[str, dict[float, float]] = field(default_factory=dict)
-    rows: int = 0
-    notes: list[str] = field(default_factory=list)
-
-    def points(self, metric: str) -> list[tuple[float, float]]:
-        return sorted(self.series.get(metric, {}).items())
-
-    def non_finite(self, metric: str) -> list[tuple[float, float]]:
-        return [(x, y) for x, y in self.points(metric) if not math.isfinite(y)]
-
-
-def _number(value: Any) -> float | None:
-    """A metric value as float: numbers, and the strings "nan"/"inf"/"-inf" MetricsLogger writes; else None."""
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            return None
-    return None
-
-
-def read_metrics(path: Path) -> RunMetrics:
-    """Parse metrics.jsonl; bad lines (e.g. the last line of a run killed mid-write) are skipped and noted."""
-    out = RunMetrics()
-    bad_lines: list[int] = []
-    repeated: set[float] = set()
-    ignored: set[str] = set()
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                bad_lines.append(line_no)
-                continue
-            if not isinstance(row, dict):
-                bad_lines.append(line_no)
-                continue
-            out.rows += 1
-            step = _number(row.get("step"))
-            if step is None or not math.isfinite(step):
-                step = float(out.rows)
-            for key, raw in row.items():
-                if key == "step":
-                    continue
-                value = _number(raw)
-                if value is None:
-                    ignored.add(key)
-                    continue
-                per_step = out.series.setdefault(key, {})
-                if step in per_step:
-                    repeated.add(step)
-                per_step[step] = value
-    if bad_lines:
-        shown = ", ".join(map(str, bad_lines[:10])) + (" ..." if len(bad_lines) > 10 else "")
-        out.notes.append(f"{path.name}: skipped {len(bad_lines)} line(s) that are not JSON objects "
-                         f"(line {shown}); a run stopped while writing leaves a partial last line.")
-    if repeated:
-        out.notes.append(f"{path.name}: {len(repeated)} step(s) logged more than once for the same metric "
-                         f"(a resumed run?); the last value is plotted.")
-    if ignored:
-        out.notes.append(f"{path.name}: non-numeric values not plotted: {', '.join(sorted(ignored))}.")
-    return out
-
-
-def read_json(path: Path, notes: list[str]) -> dict[str, Any] | None:
-    if not path.is_file():
-        notes.append(f"no {path.name} in the run folder: the command, versions and hardware are unknown.")
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
-    except json.JSONDecodeError as err:
-        notes.append(f"{path.name} is not valid JSON ({err}); skipped.")
-        return None
-    if not isinstance(data, dict):
-        notes.append(f"{path.name} is not a JSON object; skipped.")
-        return None
-    return data
-
-
-def read_samples(path: Path, notes: list[str]) -> list[dict[str, Any]]:
-    if not path.is_file():
-        notes.append(f"no {path.name} in the run folder: no sample generations to show.")
-        return []
-    rows, bad = [], 0
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-            else:
-                bad += 1
-    if bad:
-        notes.append(f"{path.name}: skipped {bad} line(s) that are not JSON objects.")
-    return rows
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -399,6 +285,8 @@ def _time_table(metrics: RunMetrics, names: list[str]) -> str:
 
 
 def _plots(metrics: RunMetrics) -> tuple[str, list[tuple[str, str]]]:
+    """The sections of plots; a figure whose every metric is 0 at every step is folded into a <details> block."""
+    flat = set(flat_zero_metrics(metrics))
     by_section: dict[str, list[str]] = {}
     for name in metrics.series:
         by_section.setdefault(section_of(name), []).append(name)
@@ -419,9 +307,18 @@ def _plots(metrics: RunMetrics) -> tuple[str, list[tuple[str, str]]]:
         out.append(f'<section id="{anchor}" data-section="{_e(key)}"><h2>{_e(title)}</h2>')
         if key == "time":
             out.append(_time_table(metrics, group_figures("time", names)[0].metrics))
+        figures = group_figures(key, names)
+        live = [f for f in figures if not all(m in flat for m in f.metrics)]
+        folded = [f for f in figures if f not in live]
         out.append('<div class="figures">')
-        out += [_figure(metrics, fig, sect, y_label) for fig in group_figures(key, names)]
-        out.append("</div></section>")
+        out += [_figure(metrics, fig, sect, y_label) for fig in live]
+        out.append("</div>")
+        if folded:
+            listed = ", ".join(m for f in folded for m in f.metrics)
+            out.append(f'<details class="flat-zero" data-section="{_e(key)}"><summary>{len(folded)} plot(s) at 0 '
+                       f'for every step: {_e(listed)}</summary><div class="figures">'
+                       + "".join(_figure(metrics, fig, sect, y_label) for fig in folded) + "</div></details>")
+        out.append("</section>")
     if absent:
         out.insert(0, _note("not logged in this run, plots skipped: " + "; ".join(absent) + "."))
     return "".join(out), nav
@@ -524,10 +421,11 @@ def render_report(run_dir: str | Path) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{_e(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
+        summary_html(summarize(metrics, manifest)),
         f"<p>{_e(span)}, {metrics.rows} rows in metrics.jsonl, {len(metrics.series)} metrics.</p>",
         _header(manifest),
         "".join(_note(n) for n in notes),
-        f"<nav>{links}</nav>",
+        f'<nav><a href="#summary">Summary</a>{links}</nav>',
         plots,
         _summary(metrics),
         _samples(samples),

@@ -20,6 +20,7 @@ from rlhfkit.models.loading import load_tokenizer
 from rlhfkit.models.logprobs import log_probs_from_logits
 from rlhfkit.observability.report import write_report
 from rlhfkit.observability.run import prepare_run_dir
+from rlhfkit.observability.summary import summarize_run, summary_lines
 from rlhfkit.trainers.loop import OfflineMethod, plan_steps, train_offline
 
 log = logging.getLogger("rlhfkit")
@@ -79,6 +80,7 @@ def run_offline_command(
             after_training(cfg, engine, tokenizer, result)
         if dist_info.is_main:
             log.info("report: %s", write_report(cfg.run_dir))
+            print("\n".join(summary_lines(summarize_run(cfg.run_dir))), flush=True)
         return result
     finally:
         shutdown_distributed()
