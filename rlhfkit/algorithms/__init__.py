@@ -20,7 +20,7 @@ from .normalize import (
     masked_whiten,
 )
 from .offpolicy import IS_CORRECTION_TYPES, importance_weights, logprob_mismatch
-from .policy_loss import clip_bounds, ppo_policy_loss
+from .policy_loss import POLICY_LOSS_TYPES, clip_bounds, ppo_policy_loss
 from .preference import (
     dpo_loss,
     kto_loss,
@@ -36,7 +36,10 @@ from .rewards import (
     RunningMeanStd,
     clip_rewards,
     last_token_index,
+    length_penalties,
+    overlong_penalty,
     shape_rewards,
+    stop_properly_penalty,
 )
 from .supervised import distillation_loss, masked_lm_loss, prm_token_loss, ptx_loss
 from .value_loss import value_loss
@@ -46,6 +49,7 @@ __all__ = [
     "IS_CORRECTION_TYPES",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
+    "POLICY_LOSS_TYPES",
     "AdaptiveKLController",
     "FixedKLController",
     "RunningMeanStd",
@@ -66,6 +70,7 @@ __all__ = [
     "kto_loss",
     "kto_reference_kl",
     "last_token_index",
+    "length_penalties",
     "log_ratio",
     "logexp_loss",
     "logprob_mismatch",
@@ -74,6 +79,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "overlong_penalty",
     "pairwise_loss",
     "policy_entropy",
     "ppo_policy_loss",
@@ -83,5 +89,6 @@ __all__ = [
     "rloo_advantages",
     "sequence_log_probs",
     "shape_rewards",
+    "stop_properly_penalty",
     "value_loss",
 ]

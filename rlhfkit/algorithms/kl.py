@@ -71,11 +71,22 @@ def kl_loss(
     max_len: int | None = None,
     log_ratio_clip: float | None = 20.0,
     kl_clip: float | None = 10.0,
+    old_log_probs: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """KL as a loss term (``--use_kl_loss``): ``agg_t(k(r_t))`` with ``k`` from :func:`compute_kl`, differentiable
     in ``log_probs``. The trainer adds ``init_kl_coef * kl_loss`` to the policy loss. On-policy, k2's gradient
     ``r grad log pi`` is unbiased for ``grad KL(pi || pi_ref)``; k3's (GRPO's choice) for ``grad KL(pi_ref || pi)``;
     k1's gradient has zero expectation, so it makes a poor loss.
+
+    Unbiased form (``--use_unbiased_kl``, DeepSeek-V3.2's importance-weighted k3): given ``old_log_probs`` (the
+    sampling policy's), each token's estimate is weighted by the differentiable ratio
+    ``rho_t = exp(clamp(log pi_t - log pi_old_t, -20, 20))``: ``agg_t(rho_t k(r_t))``. Since
+    ``E_{pi_old}[rho k3(r)] = KL(pi || pi_ref)``, its gradient ``rho_t (k3(r_t) + 1 - exp(-r_t)) grad log pi_t
+    = rho_t r_t grad log pi_t`` is unbiased for ``grad KL(pi || pi_ref)`` (on-policy ``rho = 1`` in value, so the
+    loss value is unchanged and only the gradient gains the score-function term ``k3 grad log pi``).
     """
     kl = compute_kl(log_probs, ref_log_probs, action_mask, estimator, log_ratio_clip=log_ratio_clip, kl_clip=kl_clip)
+    if old_log_probs is not None:
+        rho = log_ratio(log_probs, old_log_probs.detach(), 20.0 if log_ratio_clip is None else log_ratio_clip).exp()
+        kl = torch.where(as_bool_mask(action_mask, kl), rho * kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
     return aggregate_loss(kl, action_mask, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)

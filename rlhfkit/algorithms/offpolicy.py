@@ -1,5 +1,6 @@
 """Off-policy correction between the rollout engine's log-probs (vLLM) and the trainer's
-(``--enable_vllm_is_correction``, ``--vllm_is_correction_type tis|icepop``, ``--vllm_is_truncated_threshold``)."""
+(``--enable_vllm_is_correction``, ``--vllm_is_correction_type tis|icepop|seq-mask-tis``,
+``--vllm_is_truncated_threshold``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch.distributed as dist
 from .kl import log_ratio
 from .normalize import as_bool_mask, masked_mean
 
-IS_CORRECTION_TYPES = ("tis", "icepop")
+IS_CORRECTION_TYPES = ("tis", "icepop", "seq-mask-tis")
 
 
 def importance_weights(
@@ -25,9 +26,13 @@ def importance_weights(
     """Per-token importance weights (detached, 0 at masked positions) that multiply the per-token policy loss.
 
     ``w = exp(clamp(log pi_train_old - log pi_rollout, -20, 20))``;
-    ``tis`` (truncated IS): ``w' = clamp(w, low, high)``; ``icepop``: ``w' = w * 1[low <= w <= high]``.
+    ``tis`` (truncated IS): ``w' = clamp(w, low, high)``; ``icepop``: ``w' = w * 1[low <= w <= high]``;
+    ``seq-mask-tis`` (sequence-level mask, OpenRLHF's rule): the geometric-mean weight of row i,
+    ``W_i = exp(mean_{t in y_i} log w_t)``, decides for the whole sequence, ``w'_t = w_t * 1[low <= W_i <= high]``
+    (the token weights themselves are not clamped, as in OpenRLHF's code).
     ``(low, high)`` is ``--vllm_is_truncated_threshold`` (default ``(0.5, 5.0)``).
-    Metrics: ``is_weight_mean`` (of ``w'``) and ``is_truncated_frac`` (share of tokens with ``w`` outside the range).
+    Metrics: ``is_weight_mean`` (of ``w'``) and ``is_truncated_frac`` (share of tokens with ``w`` outside the range;
+    for ``seq-mask-tis``, share of tokens in sequences with ``W_i`` outside it).
     """
     if correction_type not in IS_CORRECTION_TYPES:
         raise ValueError(f"--vllm_is_correction_type must be one of {IS_CORRECTION_TYPES}, got {correction_type!r}")
@@ -35,10 +40,15 @@ def importance_weights(
         raise ValueError(f"--vllm_is_truncated_threshold must be (low, high) with 0 <= low <= high, got {low}, {high}")
     m = as_bool_mask(action_mask, old_log_probs)
     with torch.no_grad():
-        w = log_ratio(old_log_probs.detach(), rollout_log_probs.detach(), log_ratio_clip).exp()
+        lw = log_ratio(old_log_probs.detach(), rollout_log_probs.detach(), log_ratio_clip)
+        w = lw.exp()
         inside = (w >= low) & (w <= high)
         if correction_type == "tis":
             weights = w.clamp(low, high)
+        elif correction_type == "seq-mask-tis":
+            seq_w = masked_mean(torch.where(m, lw, torch.zeros_like(lw)), m, dim=-1).exp().unsqueeze(-1)
+            inside = ((seq_w >= low) & (seq_w <= high)).expand_as(w)
+            weights = torch.where(inside, w, torch.zeros_like(w))
         else:
             weights = torch.where(inside, w, torch.zeros_like(w))
         weights = torch.where(m, weights, torch.zeros_like(weights))

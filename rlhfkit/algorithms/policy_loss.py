@@ -1,5 +1,6 @@
 """The PPO clipped surrogate policy loss with asymmetric and dual clipping (``--eps_clip``,
-``--eps_clip_low_high``, ``--dual_clip``), optionally weighted by off-policy importance weights."""
+``--eps_clip_low_high``, ``--dual_clip``), optionally weighted by off-policy importance weights, with a per-token
+(``--policy_loss_type ppo``) or per-sequence (``gspo``) importance ratio."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import torch
 
 from .kl import log_ratio
 from .normalize import aggregate_loss, as_bool_mask, masked_mean
+
+POLICY_LOSS_TYPES = ("ppo", "gspo")
 
 
 def clip_bounds(eps_clip: float = 0.2, eps_clip_low_high: tuple[float, float] | None = None) -> tuple[float, float]:
@@ -33,12 +36,20 @@ def ppo_policy_loss(
     max_len: int | None = None,
     log_ratio_clip: float = 20.0,
     token_out: dict[str, torch.Tensor] | None = None,
+    policy_loss_type: str = "ppo",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate, per token then aggregated (``loss_agg_mode``, see ``normalize.aggregate_loss``):
 
     ``rho = exp(clamp(log pi - log pi_old, -20, 20))``, ``s1 = rho A``, ``s2 = clip(rho, 1 - eps_low, 1 + eps_high) A``,
     ``l = -min(s1, s2)``; with dual clip ``c > 1``: ``l = -max(min(s1, s2), c A)`` where ``A < 0``;
     with off-policy weights ``w`` (``offpolicy.importance_weights``, treated as constants): ``l <- w l``.
+
+    ``policy_loss_type="gspo"`` (GSPO, Zheng et al. 2025, ``--policy_loss_type gspo``): one ratio per sequence,
+    ``s_i = exp(mean_{t in y_i} clamp(log pi_t - log pi_old_t, -20, 20))`` over the valid tokens of row i, in
+    the paper's token-level stop-gradient form ``s_{i,t} = sg[s_i] * pi_t / sg[pi_t]``: its value is ``s_i`` on
+    every token of the row, its gradient ``s_i grad log pi_t``; ``rho`` above is ``s_{i,t}``, so the clip acts on
+    whole sequences. With ``loss_agg_mode="seq_mean"`` and a per-sequence advantage this is exactly the gradient of
+    the sequence-level objective ``-min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)``.
 
     Returns ``(loss, metrics)``; metrics (detached scalars over valid tokens): ``clip_frac`` (share of tokens
     where the clipped term is active, ``s2 < s1``), ``dual_clip_frac``, ``approx_kl`` (``mean(log pi_old - log pi)``),
@@ -47,12 +58,19 @@ def ppo_policy_loss(
     (``l`` after the weights; 0 at masked positions).
     """
     low, high = clip_bounds(eps_clip, eps_clip_low_high)
+    if policy_loss_type not in POLICY_LOSS_TYPES:
+        raise ValueError(f"--policy_loss_type must be one of {POLICY_LOSS_TYPES}, got {policy_loss_type!r}")
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"--dual_clip must be > 1, got {dual_clip}")
     m = as_bool_mask(action_mask, log_probs)
     lr = log_ratio(log_probs, old_log_probs.detach(), log_ratio_clip)
     adv = advantages.detach().to(lr.dtype)
-    ratio = lr.exp()
+    if policy_loss_type == "gspo":
+        seq = masked_mean(lr.detach(), m, dim=-1).clamp(-log_ratio_clip, log_ratio_clip)
+        lp = torch.where(m, log_probs.to(lr.dtype), torch.zeros((), dtype=lr.dtype, device=lr.device))
+        ratio = torch.exp(seq.unsqueeze(-1) + (lp - lp.detach()))  # value s_i, gradient s_i grad log pi_t
+    else:
+        ratio = lr.exp()
     surr1 = ratio * adv
     surr2 = ratio.clamp(1.0 - low, 1.0 + high) * adv
     clipped = torch.min(surr1, surr2)

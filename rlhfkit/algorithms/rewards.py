@@ -24,6 +24,62 @@ def clip_rewards(rewards: torch.Tensor, clip_range: tuple[float, float] | None) 
     return rewards.clamp(low, high)
 
 
+def overlong_penalty(
+    response_lengths: torch.Tensor, max_new_tokens: int, buffer_len: float, penalty_factor: float = 1.0
+) -> torch.Tensor:
+    """DAPO's soft overlong punishment (``--overlong_buffer_len``, ``--overlong_penalty_factor``), ``[batch]``:
+    with ``L_max = max_new_tokens`` (``--generate_max_len``), ``L_buf = buffer_len`` and the response length ``|y|``,
+    ``p = -min(max(|y| - (L_max - L_buf), 0), L_buf) / L_buf * penalty_factor``: 0 up to ``L_max - L_buf`` tokens,
+    then a linear ramp down to ``-penalty_factor`` at ``L_max``. The trainer adds it to the sequence reward."""
+    if not 0 < buffer_len <= max_new_tokens:
+        raise ValueError(f"--overlong_buffer_len must be in (0, --generate_max_len = {max_new_tokens}], "
+                         f"got {buffer_len}")
+    lengths = response_lengths.to(torch.float64)
+    exceed = (lengths - (max_new_tokens - buffer_len)).clamp(min=0.0, max=float(buffer_len))
+    return -exceed / buffer_len * penalty_factor
+
+
+def stop_properly_penalty(rewards: torch.Tensor, truncated: torch.Tensor, coef: float) -> torch.Tensor:
+    """ProRL's stop-properly penalty (``--stop_properly_penalty_coef c``) on sequence rewards ``[batch]``: a response
+    cut at the length limit (finish reason ``length``, ``truncated`` true) gets ``c r`` when ``0 <= c <= 1`` and
+    the fixed reward ``c`` when ``c < 0``; the others keep ``r``."""
+    if coef > 1:
+        raise ValueError(f"--stop_properly_penalty_coef must be in [0, 1] (a scale) or < 0 (a fixed reward), "
+                         f"got {coef}")
+    cut = truncated.to(torch.bool)
+    penalised = rewards * coef if coef >= 0 else torch.full_like(rewards, coef)
+    return torch.where(cut, penalised, rewards)
+
+
+def length_penalties(
+    rewards: torch.Tensor,
+    response_lengths: torch.Tensor,
+    truncated: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    overlong_buffer_len: float | None = None,
+    overlong_penalty_factor: float = 1.0,
+    stop_properly_penalty_coef: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Both length penalties in OpenRLHF's order: ``r <- r + overlong_penalty(|y|)`` (when ``overlong_buffer_len``
+    is set), then ``r <- stop_properly_penalty(r, truncated, c)`` (when ``c`` is set). Returns the new rewards (the
+    dtype of ``rewards``) and metrics: ``overlong_penalized_frac``, ``overlong_penalty_mean`` (mean over the batch),
+    ``stop_properly_penalized_frac`` (share of truncated responses), ``length_penalty_mean`` (mean change of r)."""
+    out = rewards.to(torch.float64)
+    metrics: dict[str, float] = {}
+    if overlong_buffer_len is not None:
+        pen = overlong_penalty(response_lengths, max_new_tokens, overlong_buffer_len, overlong_penalty_factor)
+        out = out + pen
+        metrics["overlong_penalized_frac"] = float((pen < 0).double().mean())
+        metrics["overlong_penalty_mean"] = float(pen.mean())
+    if stop_properly_penalty_coef is not None:
+        out = stop_properly_penalty(out, truncated, stop_properly_penalty_coef)
+        metrics["stop_properly_penalized_frac"] = float(truncated.to(torch.float64).mean())
+    if metrics:
+        metrics["length_penalty_mean"] = float((out - rewards.to(torch.float64)).mean())
+    return out.to(rewards.dtype), metrics
+
+
 def last_token_index(action_mask: torch.Tensor) -> torch.Tensor:
     """Index of the last valid token of each row, ``max{t : m[b, t] != 0}``; -1 for a row with no valid token."""
     m = action_mask != 0

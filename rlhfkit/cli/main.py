@@ -21,6 +21,8 @@ COMMANDS = {
     "serve-rm": "serve a reward model or reward function over HTTP",
     "lora-merge": "merge a LoRA adapter folder into its base model (a plain HF folder)",
     "report": "write RUN_DIR/report.html: plots, samples and the reproduce command of a run",
+    "runs": "list the run folders under a directory (default ./runs): command, date, steps, outcome",
+    "compare": "one HTML page overlaying the curves of two runs for the metrics they share",
 }
 
 

@@ -59,6 +59,7 @@ _PPO_REWARDS = _PPO + "test_reward_flags_combine_the_ppo_reward_sources"
 _REFUSED_PPO = _OPT + "test_shared_flags_ppo_does_not_act_on_are_refused"
 _PPO_MICRO = _PPO + "test_training_micro_batches_follow_the_flags"
 _PPO_SAVE = _PPO + "test_checkpoint_and_save_flags_direct_the_workers"
+_RUNS = "tests/observability/test_runs_compare.py::"
 
 _CUDA_ONLY = ("FSDP2's CPUOffloadPolicy is applied on CUDA only; on a CPU machine parameters, gradients and optimizer "
               "state already live in host memory, so the flag is accepted and changes nothing there")
@@ -447,6 +448,17 @@ EFFECTS: dict[str, Effect] = {
                          "tests/observability/test_report.py::test_missing_run_dir_or_metrics_is_a_clear_error"),
     "report:output": _t("where report.html goes",
                         "tests/observability/test_report.py::test_cli_writes_the_page_and_honours_output"),
+    "runs:runs_dir": _t("the folder searched for run folders (default ./runs; a missing one is an error)",
+                        _RUNS + "test_runs_lists_command_date_steps_and_outcome_oldest_first",
+                        _RUNS + "test_runs_default_dir_without_manifest_and_errors"),
+    "compare:run_a": _t("the first run overlaid (A, blue)",
+                        _RUNS + "test_compare_overlays_the_shared_metrics_of_two_runs"),
+    "compare:run_b": _t("the second run overlaid (B, red); a folder without metrics.jsonl is an error",
+                        _RUNS + "test_compare_overlays_the_shared_metrics_of_two_runs",
+                        _RUNS + "test_compare_default_output_and_a_folder_that_is_not_a_run"),
+    "compare:output": _t("where the page goes (default ./compare.html)",
+                         _RUNS + "test_compare_overlays_the_shared_metrics_of_two_runs",
+                         _RUNS + "test_compare_default_output_and_a_folder_that_is_not_a_run"),
     "steps": _t("prompts for exactly this many GRPO steps", _CLI + "test_demo_flags_reach_the_ppo_command",
                 "tests/e2e/test_demo.py::test_demo_runs_grpo_and_prints_before_after"),
     "eval_prompts": _t("held-out prompts for before/after", _CLI + "test_demo_flags_reach_the_ppo_command"),

@@ -17,6 +17,12 @@ BASELINE = f"{_FILE}::test_reinforce_baseline_without_std_normalisation"
 RLOO = f"{_FILE}::test_rloo_with_the_kl_loss"
 DR_GRPO = f"{_FILE}::test_dr_grpo_async_with_icepop_dumps_only_the_steps_asked_for"
 DUMP_VALUES = f"{_FILE}::test_debug_dump_steps_values"
+_RECENT = "tests/rl/test_recent_algorithms_act.py"
+GSPO = f"{_RECENT}::test_gspo_sequence_ratio_and_loss"
+PENALTIES = f"{_RECENT}::test_length_penalties_seq_mask_tis_adaptive_and_unbiased_kl"
+GAMMA_REFUSED = f"{_RECENT}::test_gamma_is_refused_for_group_estimators"
+REFUSED = f"{_RECENT}::test_refused_values_of_the_recent_flags"
+_UNIT = "tests/algorithms/test_recent_methods.py"
 
 PPO_EFFECTS: dict[str, Effect] = {
     "ppo:debug_dump_steps": Tested(
@@ -28,8 +34,35 @@ PPO_EFFECTS: dict[str, Effect] = {
         "each estimator's formula (GAE, discounted returns, group mean / group norm / leave-one-out baselines, "
         "batch whitening where it applies) on the logged rewards and values gives the logged advantages and returns"),
     "ppo:gamma": Tested(
-        (GAE, REINFORCE),
-        "gamma 0.9 in GAE and 0.7 in REINFORCE returns: the recomputed returns match and differ from gamma 1"),
+        (GAE, REINFORCE, GAMMA_REFUSED),
+        "gamma 0.9 in GAE and 0.7 in REINFORCE returns: the recomputed returns match and differ from gamma 1; "
+        "gamma != 1 with group_norm / rloo / reinforce_baseline / dr_grpo is refused (ConfigError)"),
+    "ppo:policy_loss_type": Tested(
+        (GSPO, f"{_UNIT}::test_gspo_value_per_token_loss_and_gradient"),
+        "gspo: the logged ratio is exp(mean_t(log pi - log pi_old)) on every token of a row, the per-token loss the "
+        "sequence-clipped surrogate and the loss its per-sequence mean; gradients match the GSPO formula"),
+    "ppo:kl_target": Tested(
+        (PENALTIES, REFUSED, f"{_UNIT}::test_adaptive_kl_controller_follows_ziegler_update"),
+        "0.1: train/kl_coef of step 2 is beta_1 (1 + clip(KL_1 / 0.1 - 1, +-0.2) x 32 / kl_horizon) from step 1's "
+        "logged KL, not --init_kl_coef; refused without --init_kl_coef > 0"),
+    "ppo:kl_horizon": Tested(
+        (PENALTIES, REFUSED),
+        "64: the adaptive coefficient moves by clip(.) x 32 / 64 in one step; 0 is refused"),
+    "ppo:use_unbiased_kl": Tested(
+        (PENALTIES, REFUSED, f"{_UNIT}::test_unbiased_kl_loss_value_and_gradient"),
+        "the loss backward got adds beta x token-mean(pi / pi_old x k3), with pi / pi_old != 1 on the second "
+        "update; the gradient is rho r grad log pi; refused without --use_kl_loss"),
+    "ppo:overlong_buffer_len": Tested(
+        (PENALTIES, REFUSED, f"{_UNIT}::test_overlong_penalty_ramps_over_the_buffer"),
+        "6 (with --generate_max_len 8): the rewards lose min(max(|y| - 2, 0), 6) / 6 x factor before the "
+        "advantages; rollout/overlong_penalty_mean is logged; a buffer longer than --generate_max_len is refused"),
+    "ppo:overlong_penalty_factor": Tested(
+        (PENALTIES, f"{_UNIT}::test_overlong_penalty_ramps_over_the_buffer"),
+        "0.5: the largest overlong penalty is -0.5 (at --generate_max_len tokens)"),
+    "ppo:stop_properly_penalty_coef": Tested(
+        (PENALTIES, REFUSED, f"{_UNIT}::test_stop_properly_penalty_scales_or_replaces_truncated_rewards"),
+        "0.5: the rewards of responses with finish reason 'length' are halved (after the overlong penalty); < 0 "
+        "replaces them; > 1 is refused"),
     "ppo:lambd": Tested((GAE,), "lambd 0.8: GAE recomputed from the logged rewards and values matches and differs "
                                 "from lambd 1"),
     "ppo:eps_clip": Tested(
@@ -72,8 +105,10 @@ PPO_EFFECTS: dict[str, Effect] = {
         (GROUP_NORM, DR_GRPO), "the per-token policy loss is multiplied by the importance weights from the trainer's "
                                "old and the engine's log-probs"),
     "ppo:vllm_is_correction_type": Tested(
-        (GROUP_NORM, DR_GRPO), "tis clamps exp(old - rollout) into the range; icepop zeroes the weights outside it "
-                               "(some kept, some dropped on an --async_train step)"),
+        (GROUP_NORM, DR_GRPO, PENALTIES),
+        "tis clamps exp(old - rollout) into the range; icepop zeroes the weights outside it (some kept, some "
+        "dropped on an --async_train step); seq-mask-tis zeroes whole rows whose geometric-mean weight is outside "
+        "it (some rows kept, some dropped, tokens icepop would drop kept)"),
     "ppo:vllm_is_truncated_threshold": Tested(
         (GROUP_NORM, DR_GRPO), "1.5 5.0 raises every tis weight to >= 1.5; 0.8 1.25 is the icepop window"),
     "ppo:normalize_reward": Tested(

@@ -85,15 +85,26 @@ class RLAlgorithmOptions:
     micro_train_batch_size: int = opt(4, "samples per forward/backward per rank")
     actor_learning_rate: float = opt(1e-6, "policy learning rate")
     critic_learning_rate: float = opt(9e-6, "critic learning rate")
+    policy_loss_type: str = opt("ppo", "ppo: one importance ratio per token; gspo (GSPO): one per sequence, "
+                                       "exp(mean over its tokens of log pi - log pi_old), clipped as a whole and "
+                                       "the loss averaged per sequence (the paper clips at 3e-4 / 4e-4: set "
+                                       "--eps_clip_low_high; OpenRLHF keeps --eps_clip)", choices=["ppo", "gspo"])
     eps_clip: float = opt(0.2, "PPO clip range")
     eps_clip_low_high: list[float] | None = opt(None, "asymmetric clip (low high), overrides --eps_clip")
     dual_clip: float | None = opt(None, "dual-clip constant c > 1")
     value_clip: float | None = opt(0.5, "value clipping range")
-    gamma: float = opt(1.0, "discount")
+    gamma: float = opt(1.0, "discount (gae and reinforce only: the group estimators need 1)")
     lambd: float = opt(1.0, "GAE lambda")
     init_kl_coef: float = opt(0.01, "KL coefficient (reward penalty, or loss weight with --use_kl_loss)")
+    kl_target: float | None = opt(None, "adaptive KL (Ziegler et al.): after each step the coefficient becomes "
+                                        "beta (1 + clip(KL / kl_target - 1, +-0.2) x rows / --kl_horizon), from "
+                                        "--init_kl_coef; logged as train/kl_coef. Unset: fixed")
+    kl_horizon: int = opt(10000, "horizon of the adaptive KL controller (--kl_target), in samples")
     kl_estimator: str = opt("k1", "KL estimator", choices=["k1", "k2", "k3"])
     use_kl_loss: bool = opt(False, "KL as a loss term instead of a reward penalty")
+    use_unbiased_kl: bool = opt(False, "with --use_kl_loss: weight each token's KL estimate by the differentiable "
+                                       "ratio pi / pi_old (DeepSeek-V3.2), which makes the k3 loss's gradient "
+                                       "unbiased for grad KL(pi || pi_ref)")
     entropy_loss_coef: float | None = opt(None, "entropy bonus coefficient")
     reward_clip_range: list[float] = opt([-10.0, 10.0], "clip sequence rewards to (low high)")
     no_advantage_std_norm: bool = opt(False, "do not divide advantages by their std")
@@ -101,7 +112,9 @@ class RLAlgorithmOptions:
     dynamic_filtering_reward_range: list[float] = opt([0.0, 1.0], "keep groups with low < mean score < high")
     enable_vllm_is_correction: bool = opt(False, "importance-sampling correction of rollout/trainer mismatch")
     vllm_is_truncated_threshold: list[float] = opt([0.5, 5.0], "IS weight range (low high)")
-    vllm_is_correction_type: str = opt("tis", "tis: clamp; icepop: zero outside", choices=["tis", "icepop"])
+    vllm_is_correction_type: str = opt("tis", "tis: clamp each token's weight; icepop: zero the tokens outside "
+                                              "the range; seq-mask-tis: zero whole sequences whose geometric-mean "
+                                              "weight is outside it", choices=["tis", "icepop", "seq-mask-tis"])
     use_dynamic_batch: bool = opt(False, "training micro-batches by token budget instead of row count")
     train_max_tokens_per_gpu: int = opt(16192, "token budget per micro-batch with --use_dynamic_batch")
     async_train: bool = opt(False, "generate step t+1's rollout while step t trains (one step off-policy; pair "
@@ -142,6 +155,13 @@ class RewardOptions:
                                            "models first): r = sum_i w_i r_i, overrides --reward_combine")
     normalize_reward: bool = opt(False, "reward models: (r - reward_mean) / reward_std with the statistics "
                                         "'rlhfkit rm' stored in their config.json")
+    overlong_buffer_len: float | None = opt(None, "DAPO overlong penalty: responses longer than "
+                                                  "--generate_max_len - this lose up to --overlong_penalty_factor, "
+                                                  "linearly over these last tokens, before the advantages")
+    overlong_penalty_factor: float = opt(1.0, "largest overlong penalty (at --generate_max_len tokens)")
+    stop_properly_penalty_coef: float | None = opt(None, "ProRL: responses cut at the length limit (finish reason "
+                                                         "'length') get their reward times this (0..1), or this "
+                                                         "fixed reward when < 0")
     reward_format_pattern: str | None = opt(None, "regex of builtin:format (default <think>..</think><answer>..)")
     value_head_prefix: str = opt("score", "name of the scalar head of reward models and the critic (rlhfkit's "
                                           "heads are always 'score')", choices=["score"])

@@ -103,9 +103,9 @@ class ModelGroup:
         return self.scatter_async(method, shards, *args, per_rank=per_rank).get()
 
     def scatter_async(self, method: str, shards: Sequence[dict[str, torch.Tensor]], *args,
-                      per_rank: Sequence[Sequence[Any]] | None = None) -> Pending:
+                      per_rank: Sequence[Sequence[Any]] | None = None, **kwargs) -> Pending:
         extras = per_rank if per_rank is not None else [()] * len(self.workers)
-        return Pending([getattr(w, method).remote(s, *args, *extra)
+        return Pending([getattr(w, method).remote(s, *args, *extra, **kwargs)
                         for w, s, extra in zip(self.workers, shards, extras)], list)
 
 

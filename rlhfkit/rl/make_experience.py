@@ -19,6 +19,7 @@ from rlhfkit.algorithms.advantages import compute_advantages_and_returns
 from rlhfkit.algorithms.kl import compute_kl
 from rlhfkit.algorithms.normalize import masked_mean
 from rlhfkit.algorithms.offpolicy import logprob_mismatch
+from rlhfkit.algorithms.rewards import length_penalties
 from rlhfkit.rl.experience import Experience, build_experience
 from rlhfkit.rl.group import run_side_by_side
 from rlhfkit.rollout.dispatch import generate_on_engines
@@ -146,6 +147,20 @@ def to_experience(rollout: Rollout, pad_token_id: int) -> Experience:
     return exp
 
 
+def apply_length_penalties(rollout: Rollout, exp: Experience, cfg: Any) -> dict[str, float]:
+    """DAPO's overlong and ProRL's stop-properly penalties (`rlhfkit.algorithms.rewards.length_penalties`) on the
+    sequence rewards, in place on both `exp.rewards` and `rollout.rewards` (so rollout/reward_mean is the penalised
+    reward, as in OpenRLHF), before any advantage; returns `rollout/*` metrics (none when both are off)."""
+    if cfg.overlong_buffer_len is None and cfg.stop_properly_penalty_coef is None:
+        return {}
+    rewards, metrics = length_penalties(exp.rewards, exp.response_length, exp.info["truncated"],
+                                        cfg.generate_max_len, overlong_buffer_len=cfg.overlong_buffer_len,
+                                        overlong_penalty_factor=cfg.overlong_penalty_factor,
+                                        stop_properly_penalty_coef=cfg.stop_properly_penalty_coef)
+    exp.rewards = rollout.rewards = rewards
+    return {f"rollout/{k}": v for k, v in metrics.items()}
+
+
 def model_batch(exp: Experience) -> dict[str, torch.Tensor]:
     return {"sequences": exp.sequences, "attention_mask": exp.attention_mask, "action_mask": exp.action_mask}
 
@@ -160,8 +175,9 @@ def old_log_probs_from_training_pass(cfg: Any, rows: int, has_ref: bool) -> bool
 
 
 def fill_log_probs_and_advantages(exp: Experience, cfg: Any, actor: Any, ref: Any | None, critic: Any | None,
-                                  timer: Timer) -> dict[str, float]:
+                                  timer: Timer, kl_coef: float | None = None) -> dict[str, float]:
     """Trainer log-probs, reference log-probs, values, KL, advantages and returns (in place); returns metrics.
+    `kl_coef`: the reward-side KL coefficient of this step (--init_kl_coef, or the adaptive controller's value).
 
     When `old_log_probs_from_training_pass` holds, the actor's pass is skipped (`exp.old_log_probs` stays None):
     the training step takes them from its own forward and reports the rollout mismatch metrics itself."""
@@ -184,7 +200,7 @@ def fill_log_probs_and_advantages(exp: Experience, cfg: Any, actor: Any, ref: An
     if critic is not None:
         exp.values = results.pop(0)
     timer.add("log_probs", began)
-    kl_coef = 0.0 if (cfg.use_kl_loss or ref is None) else cfg.init_kl_coef
+    kl_coef = 0.0 if (cfg.use_kl_loss or ref is None) else (cfg.init_kl_coef if kl_coef is None else kl_coef)
     exp.advantages, exp.returns = compute_advantages_and_returns(
         cfg.advantage_estimator, exp.rewards, mask, n_samples_per_prompt=cfg.n_samples_per_prompt,
         values=exp.values, kl=exp.kl, kl_coef=kl_coef, gamma=cfg.gamma, lambd=cfg.lambd,

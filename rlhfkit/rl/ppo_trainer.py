@@ -30,6 +30,7 @@ from rlhfkit.rl.make_experience import (
     PromptStream,
     Rollout,
     Timer,
+    apply_length_penalties,
     fill_log_probs_and_advantages,
     generate_and_score,
     keep_groups,
@@ -83,6 +84,7 @@ def train_on_experience(s: RLSetup, exp: Experience, step: int,
             index = order[start:start + cfg.train_batch_size]
             mini = exp.select(index)
             num_tokens = float(mini.action_mask.sum().clamp(min=1))
+            kl_coef = kl_coefficient(s)
             tensors = mini.tensors()
             if record is not None:  # the workers see it and send their tensors back
                 tensors["row_index"] = index
@@ -94,7 +96,8 @@ def train_on_experience(s: RLSetup, exp: Experience, step: int,
             if step > cfg.freezing_actor_steps:
                 calls.append((s.actor, partial(s.actor.scatter_async, "train_policy_step",
                                                _shards(tensors, s.actor.world_size), num_tokens,
-                                               per_rank=s.ptx_per_rank(mini.batch_size))))
+                                               per_rank=s.ptx_per_rank(mini.batch_size),
+                                               num_seqs=float(mini.batch_size), kl_coef=kl_coef)))
                 roles.append("actor")
             for role, results in zip(roles, run_side_by_side(calls)):
                 if record is not None:
@@ -114,6 +117,12 @@ def train_on_experience(s: RLSetup, exp: Experience, step: int,
         else:
             out[f"train/{key}"] = value / tokens_seen
     return out
+
+
+def kl_coefficient(s: RLSetup) -> float:
+    """This step's KL coefficient: the adaptive controller's value (--kl_target), else --init_kl_coef."""
+    kl_ctl = getattr(s, "kl_ctl", None)
+    return s.cfg.init_kl_coef if kl_ctl is None else kl_ctl.value
 
 
 def _shards(tensors: dict[str, torch.Tensor], world: int) -> list[dict[str, torch.Tensor]]:
@@ -246,15 +255,22 @@ def _loop(s: RLSetup) -> dict[str, float]:
         rollout, filter_metrics, timer = ahead or collect_timed(s, stream, sampling)
         _write_samples(s, step, rollout, "train")
         exp = to_experience(rollout, s.tokenizer.pad_token_id)
-        metrics = {**filter_metrics, **rollout_metrics(rollout, exp)}
-        metrics.update(fill_log_probs_and_advantages(exp, cfg, s.actor, s.ref, s.critic, timer))
-        record = step_record(cfg, step, exp.tensors()) if wants_dump(cfg, step) else None
+        raw_rewards = exp.rewards
+        penalty_metrics = apply_length_penalties(rollout, exp, cfg)  # before the advantages
+        metrics = {**filter_metrics, **rollout_metrics(rollout, exp), **penalty_metrics}
+        kl_coef = kl_coefficient(s)
+        metrics["train/kl_coef"] = kl_coef
+        metrics.update(fill_log_probs_and_advantages(exp, cfg, s.actor, s.ref, s.critic, timer, kl_coef))
+        record = step_record(cfg, step, {**exp.tensors(), "rewards_before_penalty": raw_rewards,
+                                         "truncated": exp.info["truncated"]}) if wants_dump(cfg, step) else None
         future = None
         if pool is not None and step < s.total_steps:  # the engines still hold the weights this step trains from
             future = pool.submit(collect_timed, s, stream, sampling)
         t_train = time.perf_counter()
         metrics.update(train_on_experience(s, exp, step, record))
         timer.add("training", t_train)
+        if getattr(s, "kl_ctl", None) is not None and "rollout/kl" in metrics:  # adaptive KL: the next coefficient
+            s.kl_ctl.update(metrics["rollout/kl"], cfg.rollout_batch_size * cfg.n_samples_per_prompt)
         if record is not None:
             write_dump(cfg.run_dir, record)
         ahead = None

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from rlhfkit.agents.environment import AgentSpec, load_agent
+from rlhfkit.algorithms.advantages import GROUP_ESTIMATORS
+from rlhfkit.algorithms.rewards import AdaptiveKLController, FixedKLController
 from rlhfkit.config.parse import ConfigError, config_to_dict
 from rlhfkit.config.validate import require
 from rlhfkit.data.prompts import build_prompt_samples
@@ -65,6 +67,7 @@ class RLSetup:
     agent: AgentSpec | None = None                            # --agent_func_path: multi-turn episodes
     sync_check: SyncCheck | None = None                       # engines vs trainer log-probs after each sync
     flops: FlopModel | None = None                            # the actor's FLOPs per token (perf/mfu_* metrics)
+    kl_ctl: Any = None                                        # KL coefficient: fixed, or adaptive (--kl_target)
 
     @property
     def groups(self) -> list[ModelGroup]:
@@ -87,6 +90,9 @@ class RLSetup:
 
     def save_checkpoint(self, step: int, cursor: int) -> None:
         state = {"cursor": cursor, "ptx_cursor": self.ptx.cursor if self.ptx is not None else 0}
+        kl_ctl = getattr(self, "kl_ctl", None)
+        if kl_ctl is not None:
+            state["kl_ctl"] = kl_ctl.state_dict()
         self.actor.call("save_checkpoint", f"{self.cfg.ckpt_path}/actor", step, state, self.cfg.max_ckpt_num)
         if self.critic is not None:
             self.critic.call("save_checkpoint", f"{self.cfg.ckpt_path}/critic", step, state, self.cfg.max_ckpt_num)
@@ -145,6 +151,11 @@ def validate_rl(cfg: Any) -> None:
             cfg.n_samples_per_prompt < 2:
         raise ConfigError(f"--advantage_estimator {cfg.advantage_estimator} compares the samples of a prompt: "
                           "set --n_samples_per_prompt >= 2")
+    if cfg.advantage_estimator in GROUP_ESTIMATORS and cfg.gamma != 1.0:
+        raise ConfigError(f"--gamma {cfg.gamma} with --advantage_estimator {cfg.advantage_estimator}: a group "
+                          "baseline compares whole-response rewards, so the returns are undiscounted (OpenRLHF "
+                          "sets gamma to 1 for it): drop --gamma, or use gae / reinforce")
+    _validate_algorithm_flags(cfg)
     if cfg.dynamic_filtering and cfg.n_samples_per_prompt < 2:
         raise ConfigError("--dynamic_filtering needs --n_samples_per_prompt >= 2")
     buffer = cfg.rollout_batch_size * cfg.n_samples_per_prompt
@@ -174,6 +185,32 @@ def validate_rl(cfg: Any) -> None:
                     "the policy loss with truncated importance weights")
     dump_steps(cfg.debug_dump_steps)  # ConfigError on a bad value
     _validate_colocation(cfg)
+
+
+def kl_controller(cfg: Any) -> AdaptiveKLController | FixedKLController:
+    """The KL coefficient of each step: adaptive from --init_kl_coef with --kl_target (updated by the loop after
+    every step from the measured KL, over --rollout_batch_size x --n_samples_per_prompt samples), else fixed."""
+    if cfg.kl_target is not None:
+        return AdaptiveKLController(cfg.init_kl_coef, cfg.kl_target, cfg.kl_horizon)
+    return FixedKLController(cfg.init_kl_coef)
+
+
+def _validate_algorithm_flags(cfg: Any) -> None:
+    """--kl_target / --kl_horizon, --use_unbiased_kl and the length penalties."""
+    if cfg.kl_target is not None:
+        if cfg.kl_target <= 0 or cfg.kl_horizon <= 0:
+            raise ConfigError(f"--kl_target {cfg.kl_target} and --kl_horizon {cfg.kl_horizon} must be > 0")
+        if cfg.init_kl_coef <= 0:
+            raise ConfigError("--kl_target adapts the KL coefficient from --init_kl_coef, which is 0 (no reference "
+                              "model, and 0 stays 0): set --init_kl_coef > 0")
+    if cfg.use_unbiased_kl and not cfg.use_kl_loss:
+        raise ConfigError("--use_unbiased_kl weights the KL loss: it goes with --use_kl_loss")
+    if cfg.overlong_buffer_len is not None and not 0 < cfg.overlong_buffer_len <= cfg.generate_max_len:
+        raise ConfigError(f"--overlong_buffer_len {cfg.overlong_buffer_len} must be in (0, --generate_max_len "
+                          f"{cfg.generate_max_len}]")
+    coef = cfg.stop_properly_penalty_coef
+    if coef is not None and coef > 1:
+        raise ConfigError(f"--stop_properly_penalty_coef {coef}: a scale in [0, 1], or a fixed reward < 0")
 
 
 def _world(cfg: Any, role: str) -> int:
@@ -432,6 +469,7 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
                 owns_ray=owns_ray, owns_engines=owns_engines, rewards=reward_groups, ptx=ptx,
                 placement_groups=placement.owned, agent=agent, flops=flops, sync_check=sync_check)
     s.phases = Phases.from_config(cfg, engines, [actor, critic], has_gpus)
+    s.kl_ctl = kl_controller(cfg)
     s.summary = {"actor ranks": actor.world_size, "reference": ref.world_size if ref else "off (init_kl_coef 0)",
                  "critic": critic.world_size if critic else "off",
                  "reward models": ", ".join(f"{g.world_size} x {spec}" for spec, g in zip(reward_specs, reward_groups))
@@ -499,6 +537,8 @@ def _resume(s: RLSetup) -> None:
     s.start_step, s.start_cursor = states[0]["step"], states[0]["cursor"]
     if s.ptx is not None:
         s.ptx.cursor = states[0].get("ptx_cursor", 0)
+    if getattr(s, "kl_ctl", None) is not None and "kl_ctl" in states[0]:  # the adaptive coefficient goes on
+        s.kl_ctl.load_state_dict(states[0]["kl_ctl"])
     push_actor_weights(s.actor, s.engines, s.cfg)
     log.info("resumed at step %d (prompt cursor %d); engine weights synced", s.start_step, s.start_cursor)
 

@@ -231,16 +231,21 @@ class ModelWorker:
 
     # ----------------------------------------------------------------- training
     def train_policy_step(self, shard: dict[str, torch.Tensor], num_tokens: float,
-                          ptx: dict[str, torch.Tensor] | None = None, ptx_tokens: float = 0.0) -> dict[str, float]:
+                          ptx: dict[str, torch.Tensor] | None = None, ptx_tokens: float = 0.0, *,
+                          num_seqs: float | None = None, kl_coef: float | None = None) -> dict[str, float]:
         """One optimizer step of the PPO-family policy loss over this rank's share of a global mini-batch.
 
-        loss = policy_loss (token mean over the whole global mini-batch: num_tokens is its token count)
-               + init_kl_coef * kl_loss (with --use_kl_loss) - entropy_loss_coef * entropy
+        loss = policy_loss (token mean over the whole global mini-batch: num_tokens is its token count; with
+                 --policy_loss_type gspo the mean per sequence, then over its num_seqs rows)
+               + kl_coef * kl_loss (with --use_kl_loss; kl_coef is --init_kl_coef or the adaptive controller's
+                 value with --kl_target) - entropy_loss_coef * entropy
                + ptx_coef * LM loss on this rank's share of a --pretrain_data batch (token mean over the global
                  ptx batch, `ptx_tokens` target tokens), when `ptx` is given.
         FSDP2 averages gradients over ranks, so each rank's loss is scaled by the world size.
         """
         cfg, world = self.cfg, self.dist.world_size
+        kl_coef = cfg.init_kl_coef if kl_coef is None else kl_coef
+        gspo = cfg.policy_loss_type == "gspo"
         self.model.train()
         sums: dict[str, float] = {}
         dump: list[dict[str, Any]] | None = [] if "row_index" in shard else None  # --debug_dump_steps
@@ -254,20 +259,25 @@ class ModelWorker:
                 old = self._old_log_probs_of_this_policy(mb, log_probs)
                 _accumulate(sums, self._rollout_metrics(old, mb), mask)
             weights = None
-            if cfg.enable_vllm_is_correction:
+            ratio_base = old
+            if gspo and cfg.enable_vllm_is_correction:  # OpenRLHF: GSPO's ratio is taken against the engine's
+                ratio_base = mb["rollout_log_probs"]  # log-probs, with no token weights
+            elif cfg.enable_vllm_is_correction:
                 low, high = cfg.vllm_is_truncated_threshold
                 weights, is_metrics = importance_weights(old, mb["rollout_log_probs"], mask,
                                                          correction_type=cfg.vllm_is_correction_type, low=low,
                                                          high=high)
                 _accumulate(sums, is_metrics, mask)
             token_out: dict[str, torch.Tensor] | None = {} if dump is not None else None
-            loss, metrics = ppo_policy_loss(log_probs, old, mb["advantages"], mask,
+            agg = {"loss_agg_mode": "seq_mean", "num_seqs": num_seqs} if gspo else {"num_tokens": num_tokens}
+            loss, metrics = ppo_policy_loss(log_probs, ratio_base, mb["advantages"], mask,
                                             eps_clip=cfg.eps_clip, eps_clip_low_high=cfg.eps_clip_low_high,
-                                            dual_clip=cfg.dual_clip, is_weights=weights, num_tokens=num_tokens,
-                                            token_out=token_out)
+                                            dual_clip=cfg.dual_clip, is_weights=weights, token_out=token_out,
+                                            policy_loss_type=cfg.policy_loss_type, **agg)
             if cfg.use_kl_loss:
-                kl_term = kl_loss(log_probs, mb["ref_log_probs"], mask, cfg.kl_estimator, num_tokens=num_tokens)
-                loss = loss + cfg.init_kl_coef * kl_term
+                kl_term = kl_loss(log_probs, mb["ref_log_probs"], mask, cfg.kl_estimator, num_tokens=num_tokens,
+                                  old_log_probs=old if cfg.use_unbiased_kl else None)
+                loss = loss + kl_coef * kl_term
                 sums["kl_loss"] = sums.get("kl_loss", 0.0) + float(kl_term.detach()) * num_tokens
                 if token_out is not None:  # the same estimate kl_loss aggregates, per token
                     token_out["kl"] = compute_kl(log_probs.detach(), mb["ref_log_probs"], mask, cfg.kl_estimator)

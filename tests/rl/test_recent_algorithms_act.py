@@ -1,0 +1,144 @@
+"""The recent algorithm options act in a real tiny `rlhfkit ppo` run (same pattern as test_algorithm_options_act.py):
+--policy_loss_type gspo, --vllm_is_correction_type seq-mask-tis, --kl_target / --kl_horizon, --use_unbiased_kl,
+--overlong_buffer_len / --overlong_penalty_factor and --stop_properly_penalty_coef. The tensors `--debug_dump_steps`
+writes are checked against float64 references written from the formulas of docs/algorithms.md (not by calling
+rlhfkit.algorithms); --gamma with a group estimator is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ppo_helpers import run, series
+from test_algorithm_options_act import ONE_STEP, close, differs, f64, group_ref, kl_ref, load_dump, micro_batches
+
+from rlhfkit.config.parse import ConfigError, flags_to_argv, parse_config
+from rlhfkit.config.rl_options import RL_GROUPS
+from rlhfkit.rl.setup import validate_rl
+
+
+def gspo_ref(log_probs, old, adv, mask, low, high) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token loss -min(s_i A, clip(s_i, 1 - low, 1 + high) A), s_i = exp(mean_t (log pi - log pi_old)); s_i."""
+    m = mask.bool()
+    lr = torch.where(m, f64(log_probs) - f64(old), torch.zeros((), dtype=torch.float64))
+    s = torch.exp(lr.sum(-1) / m.sum(-1).clamp(min=1)).unsqueeze(-1).expand(m.shape)
+    a = f64(adv)
+    return -torch.minimum(s * a, s.clamp(1 - low, 1 + high) * a), s
+
+
+@pytest.mark.slow
+def test_gspo_sequence_ratio_and_loss(tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
+    """--policy_loss_type gspo with --eps_clip 0.05: the logged ratio is one number per sequence, the per-token
+    loss is the sequence-clipped surrogate, and the loss backward got is its per-sequence mean over the mini-batch."""
+    run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, **ONE_STEP, advantage_estimator="group_norm",
+        policy_loss_type="gspo", eps_clip=0.05)
+    dump = load_dump(tmp_path)
+    exp = dump["experience"]
+    mask = exp["action_mask"]
+    adv = group_ref("group_norm", f64(exp["rewards"]).tolist(), 8)
+    close(exp["advantages"], torch.tensor(adv).unsqueeze(1).expand(mask.shape), mask, atol=1e-5)
+    clipped_rows = off_one = 0
+    for _, mb in micro_batches(dump):
+        m = mb["action_mask"].bool()
+        want, s = gspo_ref(mb["log_probs"], mb["old_log_probs"], mb["advantages"], m, 0.05, 0.05)
+        close(mb["ratio"], s, m)
+        close(mb["policy_loss"], want, m)
+        per_seq = (want * m).sum(-1) / m.sum(-1)
+        assert float(mb["loss"]) == pytest.approx(float(per_seq.sum() / ONE_STEP["train_batch_size"]), rel=1e-5,
+                                                  abs=1e-7)
+        rows_s = s[:, 0]
+        clipped_rows += int(((rows_s < 0.95) | (rows_s > 1.05)).sum())
+        tok = torch.exp(f64(mb["log_probs"]) - f64(mb["old_log_probs"]))
+        off_one += int(differs(tok, s, m, by=1e-4))  # the per-token (ppo) ratio is not the sequence ratio
+    assert clipped_rows > 0 and off_one > 0, (clipped_rows, off_one)
+
+
+@pytest.mark.slow
+def test_length_penalties_seq_mask_tis_adaptive_and_unbiased_kl(tiny_model_dir, echo_prompt_file,
+                                                               rollout_vllm_engine, tmp_path):
+    """Two steps of rloo with --overlong_buffer_len 6 --overlong_penalty_factor 0.5 --stop_properly_penalty_coef
+    0.5, --vllm_is_correction_type seq-mask-tis, --kl_target 0.1 --kl_horizon 64 and --use_kl_loss
+    --use_unbiased_kl (k3, the reference is the initial policy)."""
+    rows = run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, **{**ONE_STEP, "max_samples": 8},
+               advantage_estimator="rloo", overlong_buffer_len=6, overlong_penalty_factor=0.5,
+               stop_properly_penalty_coef=0.5, enable_vllm_is_correction=True,
+               vllm_is_correction_type="seq-mask-tis", vllm_is_truncated_threshold=[1.0, 5.0], use_kl_loss=True,
+               use_unbiased_kl=True, kl_estimator="k3", init_kl_coef=0.05, kl_target=0.1, kl_horizon=64)
+    dump = load_dump(tmp_path)
+    exp = dump["experience"]
+    mask = exp["action_mask"]
+
+    # Length penalties: r' = r - min(max(|y| - (8 - 6), 0), 6) / 6 x 0.5, then x 0.5 for finish reason 'length'.
+    lengths = mask.sum(-1).double()
+    raw, truncated = f64(exp["rewards_before_penalty"]), exp["truncated"].bool()
+    want = raw - (lengths - 2).clamp(0, 6) / 6 * 0.5
+    want = torch.where(truncated, want * 0.5, want)
+    torch.testing.assert_close(f64(exp["rewards"]), want, atol=1e-6, rtol=1e-6)
+    assert bool(truncated.any()) and bool((lengths > 2).any())
+    assert rows[0]["rollout/overlong_penalty_mean"] == pytest.approx(float(-(lengths - 2).clamp(0, 6).mean() / 12))
+    adv = torch.tensor(group_ref("rloo", f64(exp["rewards"]).tolist(), 8)).unsqueeze(1).expand(mask.shape)
+    close(exp["advantages"], adv, mask, atol=1e-6)  # the advantages are built from the penalised rewards
+
+    # seq-mask-tis: w_t = exp(old - rollout), kept where the row's geometric mean is in [1.0, 5.0], else 0.
+    kept = dropped = icepop_differs = 0
+    for entry, mb in micro_batches(dump):
+        m = mb["action_mask"].bool()
+        lw = torch.where(m, f64(mb["old_log_probs"]) - f64(mb["rollout_log_probs"]), torch.zeros(()).double())
+        seq = torch.exp(lw.sum(-1) / m.sum(-1)).unsqueeze(-1)
+        w = torch.where((seq >= 1.0) & (seq <= 5.0), lw.exp(), torch.zeros_like(lw))
+        close(mb["is_weights"], w, m, atol=1e-6)
+        kept += int(((seq[:, 0] >= 1.0)).sum())
+        dropped += int(((seq[:, 0] < 1.0)).sum())
+        icepop_differs += int((((w > 0) & (lw.exp() < 1.0)) & m).sum())  # token-level icepop would drop these
+
+        # --use_unbiased_kl: the loss backward got = token-mean policy loss + beta x token-mean rho_t k3(r_t).
+        tokens = entry["num_tokens"]
+        rho = torch.exp(f64(mb["log_probs"]) - f64(mb["old_log_probs"]))
+        k3 = kl_ref(mb["log_probs"], mb["ref_log_probs"], "k3")
+        close(mb["kl"], k3, m, atol=1e-5)
+        policy = (f64(mb["policy_loss"]) * m).sum() / tokens
+        assert float(mb["loss"]) == pytest.approx(float(policy + 0.05 * (rho * k3 * m).sum() / tokens), rel=1e-5,
+                                                  abs=1e-8)
+    assert kept > 0 and dropped > 0 and icepop_differs > 0, (kept, dropped, icepop_differs)
+    second = dump["actor"][-1]["micro_batches"]
+    assert any(differs(torch.exp(f64(mb["log_probs"]) - f64(mb["old_log_probs"])), torch.ones_like(f64(mb["kl"])),
+                       mb["action_mask"], by=1e-4) and float((f64(mb["kl"]) * mb["action_mask"]).abs().sum()) > 0
+               for mb in second)  # rho is not 1 and the KL is not 0 on the second update: the weight acts
+
+    # --kl_target 0.1 --kl_horizon 64: beta_2 = beta_1 (1 + clip(KL_1 / 0.1 - 1, +-0.2) x 32 / 64).
+    coef = series(rows, "train/kl_coef")
+    kl = series(rows, "rollout/kl")
+    assert len(coef) == 2 and coef[0] == pytest.approx(0.05)
+    assert coef[1] == pytest.approx(0.05 * (1 + min(max(kl[0] / 0.1 - 1, -0.2), 0.2) * 32 / 64), rel=1e-9)
+    assert coef[1] != pytest.approx(0.05)
+
+
+def _cfg(**flags):
+    base = {"pretrain": "m", "prompt_data": "p", "remote_rm_url": "builtin:format", "n_samples_per_prompt": 4,
+            "rollout_batch_size": 8, "train_batch_size": 8}
+    return parse_config("ppo", RL_GROUPS, flags_to_argv({**base, **flags}))
+
+
+@pytest.mark.parametrize("estimator", ["group_norm", "rloo", "reinforce_baseline", "dr_grpo"])
+def test_gamma_is_refused_for_group_estimators(estimator):
+    """--gamma must stay 1 with a group baseline (OpenRLHF forces it); gae and reinforce take it."""
+    with pytest.raises(ConfigError, match=rf"--gamma 0.9 with --advantage_estimator {estimator}"):
+        validate_rl(_cfg(advantage_estimator=estimator, gamma=0.9))
+    validate_rl(_cfg(advantage_estimator=estimator, gamma=1.0))
+    validate_rl(_cfg(advantage_estimator="reinforce", gamma=0.9))
+
+
+def test_refused_values_of_the_recent_flags():
+    """--kl_target needs --init_kl_coef > 0 and a positive --kl_horizon; --use_unbiased_kl needs --use_kl_loss;
+    --overlong_buffer_len must fit in --generate_max_len; --stop_properly_penalty_coef is <= 1."""
+    cases = [({"kl_target": 0.1, "init_kl_coef": 0.0}, "--kl_target"),
+             ({"kl_target": 0.1, "kl_horizon": 0}, "--kl_horizon"),
+             ({"use_unbiased_kl": True}, "--use_unbiased_kl"),
+             ({"overlong_buffer_len": 9, "generate_max_len": 8}, "--overlong_buffer_len"),
+             ({"stop_properly_penalty_coef": 1.5}, "--stop_properly_penalty_coef")]
+    for flags, name in cases:
+        with pytest.raises(ConfigError, match=name):
+            validate_rl(_cfg(**flags))
+    validate_rl(_cfg(kl_target=0.1, kl_horizon=100, overlong_buffer_len=8, generate_max_len=8,
+                     stop_properly_penalty_coef=-0.5, use_kl_loss=True, use_unbiased_kl=True))
+    assert _cfg().policy_loss_type == "ppo" and _cfg().kl_target is None and _cfg().kl_horizon == 10000
+    assert _cfg(vllm_is_correction_type="seq-mask-tis").vllm_is_correction_type == "seq-mask-tis"
