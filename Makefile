@@ -47,20 +47,24 @@ bench: $(STAMP)
 	$(PY) benchmarks/sft.py
 
 # Mutation testing (mutmut, docs/mutation.md); not part of `make test`. One core, one folder after the other, each
-# mutant against the tests that call the mutated function. A deterministic sample: the mutants whose number ends in
-# one of the digits MUTATION_SAMPLE_<folder> (0-9 runs them all). FOLDER=data runs one folder. Logs: mutants/*.log.
+# mutant against the tests that call the mutated function. A deterministic sample per folder: the mutants whose
+# number matches one of the globs MUTATION_SAMPLE_<folder> ('*[16]': numbers ending in 1 or 6, about 20%; '1': the
+# first mutant of every function; '*' runs them all).
+# FOLDER=data runs one folder. Logs: mutants/<folder>.log. Times per folder: docs/mutation.md.
 FOLDER ?= algorithms data rewards
-MUTATION_SAMPLE_algorithms ?= 16
-MUTATION_SAMPLE_data ?= 1
-MUTATION_SAMPLE_rewards ?= 1
+comma := ,
+MUTATION_SAMPLE_algorithms ?= *[16]
+MUTATION_SAMPLE_data ?= *1
+MUTATION_SAMPLE_rewards ?= 1 *[02468]1
 mutation: $(STAMP)
 	@mkdir -p mutants
-	@set -e; $(foreach f,$(FOLDER),echo "mutmut: rlhfkit/$(f), mutants ending in [$(MUTATION_SAMPLE_$(f))]"; \
+	@set -e; $(foreach f,$(FOLDER),echo "mutmut: rlhfkit/$(f), mutants numbered $(MUTATION_SAMPLE_$(f))"; \
 	  start=$$(date +%s); \
-	  OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run --max-children 1 "rlhfkit.$(f).*__mutmut_*[$(MUTATION_SAMPLE_$(f))]" \
+	  OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run --max-children 1 \
+	    $(foreach g,$(MUTATION_SAMPLE_$(f)),"rlhfkit.$(f).*__mutmut_$(g)") \
 	    > mutants/$(f).log 2>&1 || { tail -c 3000 mutants/$(f).log; exit 1; }; \
 	  echo "    $$(( $$(date +%s) - start )) s";)
-	$(PY) tools/mutation_score.py $(foreach f,$(FOLDER),$(f):$(MUTATION_SAMPLE_$(f)))
+	$(PY) tools/mutation_score.py $(foreach f,$(FOLDER),"$(f)=$(subst $(eval) ,$(comma),$(MUTATION_SAMPLE_$(f)))")
 
 clean:
 	rm -rf $(VENV) runs ckpt .pytest_cache mutants

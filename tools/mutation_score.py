@@ -5,15 +5,16 @@ the survivors that docs/mutation.md lists as equivalent (its table rows start wi
 
 mutmut runs, for each mutant, the tests that called the mutated function in its own process. Tests that drive the
 code in child processes (the 2-rank gloo check) are never picked, so the survivors of a folder listed in RECHECK
-are run once more against those tests when the mutated lines touch the distributed path (process_group, dist.,
+are run once more against those tests when the mutated function has a distributed path (process_group, dist.,
 all_reduce), inside mutants/ with MUTANT_UNDER_TEST set (the children import the mutated copy); a failure there
 counts as a kill ("killed by recheck").
 
-    python tools/mutation_score.py algorithms:16 data:1 rewards:1   # folder:digits of the sample
+    python tools/mutation_score.py "algorithms=*[16]" "rewards=1,*[02468]1"   # folder=globs of the sampled numbers
 """
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import json
 import os
@@ -29,16 +30,24 @@ SURVIVED = {0}
 NO_TESTS = {5, 33}
 TARGET = {"algorithms": 0.95, "data": 0.85, "rewards": 0.85}
 RECHECK = {"algorithms": ["tests/algorithms/test_distributed.py"]}
-DISTRIBUTED = re.compile(r"process_group|dist\.|all_reduce|ReduceOp")
-MUTMUT = Path(sys.executable).with_name("mutmut")
+DISTRIBUTED = re.compile(r"process_group|dist\.|all_reduce")
+
+
+def function_source(name: str) -> str:
+    """Source of the original function of a mutant (``pkg.mod.x_func__mutmut_3``, ``pkg.mod.xǁClsǁmeth__mutmut_1``)."""
+    module, func = name.rsplit("__mutmut_", 1)[0].rsplit(".", 1)
+    tree = ast.parse(source := (ROOT / (module.replace(".", "/") + ".py")).read_text())
+    path = func[2:].split("ǁ") if func.startswith("xǁ") else [func[2:]]
+    for part in path:
+        tree = next((n for n in ast.iter_child_nodes(tree) if getattr(n, "name", None) == part), None)
+        if tree is None:
+            return ""
+    return ast.get_source_segment(source, tree) or ""
 
 
 def touches_distributed(name: str) -> bool:
-    if name.split(".")[1] not in RECHECK:
-        return False
-    diff = subprocess.run([MUTMUT, "show", name], cwd=ROOT, capture_output=True, text=True).stdout
-    changed = [line for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
-    return any(DISTRIBUTED.search(line) for line in changed)
+    """The mutated function has a distributed path (it takes a process group or calls torch.distributed)."""
+    return name.split(".")[1] in RECHECK and bool(DISTRIBUTED.search(function_source(name)))
 
 
 def recheck(name: str, tests: list[str]) -> bool:
@@ -55,12 +64,12 @@ def equivalent_names() -> set[str]:
     return set(re.findall(r"^\| `(rlhfkit\.[\w.]+__mutmut_\d+)`", doc.read_text(), flags=re.M))
 
 
-def score(folder: str, pattern: str, equivalent: set[str]) -> tuple[Counter, list[str]]:
+def score(folder: str, patterns: list[str], equivalent: set[str]) -> tuple[Counter, list[str]]:
     counts: Counter = Counter()
     alive: list[str] = []
     for meta in sorted((ROOT / "mutants" / "rlhfkit" / folder).glob("*.meta")):
         for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
-            if not fnmatch.fnmatch(name, pattern):
+            if not any(fnmatch.fnmatch(name, p) for p in patterns):
                 continue
             counts["total"] += 1
             if code in KILLED:
@@ -82,8 +91,8 @@ def main(argv: list[str]) -> int:
     equivalent = equivalent_names()
     ok = True
     for arg in argv:
-        folder, digits = arg.split(":")
-        counts, alive = score(folder, f"*__mutmut_*[{digits}]", equivalent)
+        folder, globs = arg.split("=", 1)
+        counts, alive = score(folder, [f"*__mutmut_{g}" for g in globs.split(",")], equivalent)
         relevant = counts["total"] - counts["equivalent"]
         rate = counts["killed"] / relevant if relevant else 0.0
         target = TARGET.get(folder, 0.85)

@@ -259,3 +259,12 @@ def test_ppo_token_out_holds_ratio_and_the_per_token_loss():
     torch.testing.assert_close(out["ratio"], torch.tensor(ratio, dtype=torch.float64), rtol=1e-12, atol=0)
     torch.testing.assert_close(out["loss"], torch.tensor(per, dtype=torch.float64), rtol=1e-12, atol=1e-15)
     assert loss.item() == pytest.approx(ref_agg(per, "token_mean"), rel=1e-12)
+
+
+def test_value_loss_metrics_of_bf16_values_are_float32():
+    v = torch.tensor([[0.1, 0.2, 0.3, 0.4]] * 5, dtype=torch.bfloat16) * 7
+    ret = torch.zeros(MASK.shape)
+    loss, metrics = value_loss(v, v, ret, MASK)
+    assert loss.dtype == metrics["values_mean"].dtype == torch.float32
+    valid = [v[b, t].double().item() for b in range(5) for t in range(4) if MASK[b, t]]
+    assert metrics["values_mean"].item() == pytest.approx(math.fsum(valid) / len(valid), rel=1e-6)
