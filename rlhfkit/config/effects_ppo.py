@@ -42,9 +42,10 @@ PPO_EFFECTS: dict[str, Effect] = {
         "gspo: the logged ratio is exp(mean_t(log pi - log pi_old)) on every token of a row, the per-token loss the "
         "sequence-clipped surrogate and the loss its per-sequence mean; gradients match the GSPO formula"),
     "ppo:kl_target": Tested(
-        (PENALTIES, REFUSED, f"{_UNIT}::test_adaptive_kl_controller_follows_ziegler_update"),
+        (PENALTIES, REFUSED, f"{_RECENT}::test_the_adaptive_kl_coefficient_is_checkpointed_and_resumed",
+         f"{_UNIT}::test_adaptive_kl_controller_follows_ziegler_update"),
         "0.1: train/kl_coef of step 2 is beta_1 (1 + clip(KL_1 / 0.1 - 1, +-0.2) x 32 / kl_horizon) from step 1's "
-        "logged KL, not --init_kl_coef; refused without --init_kl_coef > 0"),
+        "logged KL, not --init_kl_coef; beta is checkpointed and resumed; refused without --init_kl_coef > 0"),
     "ppo:kl_horizon": Tested(
         (PENALTIES, REFUSED),
         "64: the adaptive coefficient moves by clip(.) x 32 / 64 in one step; 0 is refused"),

@@ -142,3 +142,34 @@ def test_refused_values_of_the_recent_flags():
                      stop_properly_penalty_coef=-0.5, use_kl_loss=True, use_unbiased_kl=True))
     assert _cfg().policy_loss_type == "ppo" and _cfg().kl_target is None and _cfg().kl_horizon == 10000
     assert _cfg(vllm_is_correction_type="seq-mask-tis").vllm_is_correction_type == "seq-mask-tis"
+
+
+def test_the_adaptive_kl_coefficient_is_checkpointed_and_resumed(monkeypatch):
+    """--kl_target: the controller's beta goes into the trainer state of a checkpoint and comes back on resume."""
+    from types import SimpleNamespace
+
+    import rlhfkit.rl.setup as setup_module
+    from rlhfkit.rl.setup import RLSetup, _resume, kl_controller
+
+    cfg = _cfg(kl_target=0.1, kl_horizon=64, init_kl_coef=0.05, ckpt_path="/nowhere", max_ckpt_num=1,
+               save_hf_ckpt=False)
+    saved = {}
+
+    class Actor:
+        def call(self, method, path, *args):
+            if method == "save_checkpoint":
+                saved.update(args[1], step=args[0])
+                return None
+            return [dict(saved)]
+
+    ctl = kl_controller(cfg)
+    assert type(ctl).__name__ == "AdaptiveKLController" and ctl.value == 0.05
+    ctl.update(0.0, 32)
+    s = SimpleNamespace(cfg=cfg, ptx=None, actor=Actor(), critic=None, kl_ctl=ctl, engines=[])
+    RLSetup.save_checkpoint(s, 3, 10)
+    assert saved["kl_ctl"] == {"value": pytest.approx(0.05 * (1 - 0.2 * 32 / 64))}
+    monkeypatch.setattr(setup_module, "push_actor_weights", lambda *a: None)
+    fresh = SimpleNamespace(cfg=cfg, ptx=None, actor=Actor(), critic=None, kl_ctl=kl_controller(cfg), engines=[])
+    _resume(fresh)
+    assert fresh.start_step == 3 and fresh.kl_ctl.value == ctl.value
+    assert type(kl_controller(_cfg())).__name__ == "FixedKLController"
