@@ -34,8 +34,8 @@ def two_runs(tmp_path):
 
 
 def test_runs_lists_command_date_steps_and_outcome_oldest_first(two_runs, capsys):
-    root, a, b = two_runs
-    cli(["runs", str(root)])
+    runs_dir, a, b = two_runs  # RUNS_DIR (runs_dir) given
+    cli(["runs", str(runs_dir)])
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["run", "command", "started", "steps", "outcome"]
     assert [line.split()[0] for line in out[1:]] == [str(b), str(a)]  # oldest first, nested folder found
@@ -47,7 +47,7 @@ def test_runs_lists_command_date_steps_and_outcome_oldest_first(two_runs, capsys
 def test_runs_default_dir_without_manifest_and_errors(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        cli(["runs"])
+        cli(["runs"])  # runs_dir defaults to ./runs, missing here
     assert exit_info.value.code == 2 and "runs does not exist" in capsys.readouterr().err
     _write_run(tmp_path / "runs" / "bare", "sft", "", [0.5], manifest=False)
     cli(["runs"])
@@ -59,9 +59,9 @@ def test_runs_default_dir_without_manifest_and_errors(tmp_path, monkeypatch, cap
 
 
 def test_compare_overlays_the_shared_metrics_of_two_runs(two_runs, tmp_path, capsys, run_kit):
-    _, a, b = two_runs
+    _, run_a, run_b = two_runs
     out = tmp_path / "cmp" / "page.html"
-    cli(["compare", str(a), str(b), "--output", str(out)])
+    cli(["compare", str(run_a), str(run_b), "--output", str(out)])
     assert capsys.readouterr().out.strip() == str(out)
     page = out.read_text()
     html = run_kit.parse_html(page)
@@ -80,11 +80,11 @@ def test_compare_overlays_the_shared_metrics_of_two_runs(two_runs, tmp_path, cap
 
 
 def test_compare_default_output_and_a_folder_that_is_not_a_run(two_runs, tmp_path, monkeypatch, capsys):
-    _, a, b = two_runs
+    _, run_a, run_b = two_runs
     monkeypatch.chdir(tmp_path)
-    cli(["compare", str(a), str(b)])
-    assert (tmp_path / "compare.html").is_file()
+    cli(["compare", str(run_a), str(run_b)])
+    assert (tmp_path / "compare.html").is_file()  # no --output: ./compare.html
     with pytest.raises(SystemExit) as exit_info:
-        cli(["compare", str(a), str(tmp_path)])
+        cli(["compare", str(run_a), str(tmp_path)])  # run_b is not a run folder
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.startswith("rlhfkit compare: error: ") and "metrics.jsonl not found" in err
