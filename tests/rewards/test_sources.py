@@ -77,3 +77,24 @@ def test_from_config(fake_models):
     assert src.sources[0].kwargs == {"normalize_reward": True, "max_len": 64, "micro_batch_size": 4}
     single = reward_source_from_config(SimpleNamespace(remote_rm_url="builtin:format", reward_timeout=3))
     assert single.name == "builtin:format" and single.timeout == 3
+
+
+def test_from_config_passes_the_remote_and_model_settings():
+    cfg = SimpleNamespace(remote_rm_url="http://127.0.0.1:1", remote_rm_timeout=7, remote_rm_retries=5,
+                          remote_rm_backoff=0.5, remote_rm_token="secret")
+    client = reward_source_from_config(cfg)
+    assert isinstance(client, RemoteRewardClient)
+    assert (client.timeout, client.retries, client.backoff, client.token) == (7.0, 5, 0.5, "secret")
+    assert client.urls == ["http://127.0.0.1:1/get_reward"]
+
+
+def test_from_config_prefers_reward_micro_batch_size(fake_models):
+    cfg = SimpleNamespace(reward_pretrain="m", reward_micro_batch_size=2, micro_rollout_batch_size=16)
+    assert reward_source_from_config(cfg).kwargs["micro_batch_size"] == 2
+    assert reward_source_from_config(SimpleNamespace(reward_pretrain="m")).kwargs == {
+        "normalize_reward": False, "max_len": 2048, "micro_batch_size": 8}
+
+
+def test_an_empty_batch_gives_empty_rewards():
+    out = build_reward_source("builtin:exact")([], [], [])
+    assert out.rewards.shape == (0,) and out.scores.shape == (0,) and len(out) == 0
