@@ -57,17 +57,37 @@ def summarize(run_dir: Path) -> str:
     first, last = evals[0], evals[-1]
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     eval_samples = [s for s in samples if s["kind"] == "eval"]
-    before = [s for s in eval_samples if s["step"] == first["step"]][:3]
-    after = [s for s in eval_samples if s["step"] == last["step"]][:3]
+    before = [s for s in eval_samples if s["step"] == first["step"]]
+    after = [s for s in eval_samples if s["step"] == last["step"]]
     precision = json.loads((run_dir / "manifest.json").read_text()).get("precision", {})
     lines = ["", f"precision: {precision.get('dtype', '?')} ({precision.get('reason', 'not recorded')})",
              "held-out accuracy (64 prompts x 4 samples at temperature 0.6):",
              f"  before: {first['eval/score_mean']:.3f}  pass@1 {first['eval/pass@1']:.3f}",
-             f"  after:  {last['eval/score_mean']:.3f}  pass@1 {last['eval/pass@1']:.3f}", "", "answers before:"]
-    lines += [f"  {_question(s['prompt'])!r} -> {s['response']!r} (reward {s['reward']:.0f})" for s in before]
-    lines += ["answers after:"]
-    lines += [f"  {_question(s['prompt'])!r} -> {s['response']!r} (reward {s['reward']:.0f})" for s in after]
+             f"  after:  {last['eval/score_mean']:.3f}  pass@1 {last['eval/pass@1']:.3f}", "",
+             f"the same held-out questions before (step {first['step']}) and after (step {last['step']}):"]
+    for label, old, new in choose_examples(before, after):
+        lines += [f"  {_question(old['prompt'])}  [{label}]",
+                  f"    before: {old['response']!r} (reward {old['reward']:g})",
+                  f"    after:  {new['response']!r} (reward {new['reward']:g})"]
     return "\n".join(lines)
+
+
+EXAMPLE_KINDS = (("fixed", 2), ("still wrong", 1), ("kept right", 1), ("broken", 1))
+
+
+def choose_examples(before: list[dict], after: list[dict], limit: int = 4) -> list[tuple[str, dict, dict]]:
+    """Pairs (label, before sample, after sample) of the same held-out prompts that show the change: up to two
+    fixed by training (reward 0 -> > 0), one still wrong, then one kept right or broken, in the order recorded."""
+    by_prompt = {s["prompt"]: s for s in before}
+    pairs = [(by_prompt[s["prompt"]], s) for s in after if s["prompt"] in by_prompt]
+    groups: dict[str, list[tuple[dict, dict]]] = {kind: [] for kind, _ in EXAMPLE_KINDS}
+    for old, new in pairs:
+        right_before, right_after = old["reward"] > 0, new["reward"] > 0
+        kind = {(False, True): "fixed", (False, False): "still wrong", (True, True): "kept right",
+                (True, False): "broken"}[(right_before, right_after)]
+        groups[kind].append((old, new))
+    chosen = [(kind, old, new) for kind, take in EXAMPLE_KINDS for old, new in groups[kind][:take]]
+    return chosen[:limit]
 
 
 def _question(prompt: str) -> str:

@@ -214,7 +214,7 @@ def evaluate(s: RLSetup, step: int) -> dict[str, float]:
     out = {"eval/reward_mean": float(rollout.rewards.mean()), "eval/score_mean": float(rollout.scores.mean())}
     for k in sorted({1, n}):
         out[f"eval/pass@{k}"] = sum(pass_at_k(c, n, k) for c in correct) / len(correct)
-    _write_samples(s, step, rollout, "eval")
+    _write_samples(s, step, rollout, "eval", limit=16)  # the same 16 held-out prompts at every evaluation
     return out
 
 

@@ -16,6 +16,10 @@ def test_demo_runs_grpo_and_prints_before_after(tiny_model_dir, ray_cluster, tmp
                          "--run_dir", str(tmp_path / "demo")])
     out = capsys.readouterr().out
     assert "before:" in out and "after:" in out and "What is" in out
+    assert "the same held-out questions before (step 0) and after (step 2):" in out
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    evals = {step: [s["prompt"] for s in samples if s["kind"] == "eval" and s["step"] == step] for step in (0, 2)}
+    assert evals[0] == evals[2] and len(evals[0]) == 4  # every held-out prompt (up to 16), the same at both
     assert "precision: fp32 (auto pinned to fp32 by RLHFKIT_AUTO_DTYPE)" in out  # the suite's pin (conftest.py)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "eval/score_mean" in r] == [0, 2]
@@ -23,3 +27,27 @@ def test_demo_runs_grpo_and_prints_before_after(tiny_model_dir, ray_cluster, tmp
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["command"].startswith("rlhfkit ppo") and "builtin:math" in manifest["command"]
     assert (run_dir / "model" / "config.json").exists()
+
+
+def row(prompt: str, reward: float) -> dict:
+    return {"prompt": f"What is {prompt}?", "response": f"answer to {prompt}", "reward": reward}
+
+
+def test_the_examples_show_the_same_prompts_fixed_first_then_still_wrong_then_the_rest():
+    from rlhfkit.cli.demo import choose_examples
+
+    before = [row("1+1", 1), row("2+2", 0), row("3+3", 0), row("4+4", 0), row("5+5", 1), row("6+6", 0)]
+    after = [row("6+6", 1), row("5+5", 0), row("4+4", 0), row("3+3", 1), row("2+2", 1), row("1+1", 1)]
+    chosen = choose_examples(before, after)
+    assert [(label, old["prompt"]) for label, old, _ in chosen] == [
+        ("fixed", "What is 6+6?"), ("fixed", "What is 3+3?"), ("still wrong", "What is 4+4?"),
+        ("kept right", "What is 1+1?")]
+    assert all(old["prompt"] == new["prompt"] and old["reward"] == before_reward(before, old["prompt"])
+               for _, old, new in chosen)
+    only_broken = choose_examples([row("1+1", 1)], [row("1+1", 0)])
+    assert [(label, new["reward"]) for label, _, new in only_broken] == [("broken", 0)]
+    assert choose_examples([row("1+1", 1)], [row("9+9", 1)]) == []  # no prompt evaluated at both steps
+
+
+def before_reward(rows: list[dict], prompt: str) -> float:
+    return next(r["reward"] for r in rows if r["prompt"] == prompt)
