@@ -22,6 +22,9 @@ and `rewards` (a finite number); `scores` defaults to `rewards`, `environment_fe
 (no special tokens added; chat-template markers written in it are parsed) and appended to the context of the next
 turn, masked from the loss.
 
+Or the file defines `async def run_agent(base_url, prompt, label) -> float` instead: the agent calls the policy
+through an OpenAI-compatible endpoint (`rlhfkit.agents.openai_server`) and returns the episode's reward.
+
 Anything else (no `AgentInstance`, a missing key, a NaN reward, an exception) stops the run with an error naming
 the file, the method, the episode and the turn.
 """
@@ -41,6 +44,7 @@ from typing import Any
 from rlhfkit.config.parse import ConfigError
 
 AGENT_CLASS = "AgentInstance"
+RUN_AGENT = "run_agent"   # or: async def run_agent(base_url, prompt, label) -> reward (rlhfkit.agents.openai_server)
 
 
 class AgentError(RuntimeError):
@@ -63,16 +67,18 @@ class AgentSpec:
     """The loaded `--agent_func_path`: the environment class and where it came from (for error messages)."""
 
     path: str
-    cls: type
+    cls: type | None
     action_max_len: int | None = None  # --agent_action_max_len
+    run_agent: Any = None              # `async def run_agent(base_url, prompt, label)`: the OpenAI-endpoint shape
 
     @property
     def name(self) -> str:
-        return f"{Path(self.path).name}:{self.cls.__name__}"
+        return f"{Path(self.path).name}:{self.cls.__name__ if self.cls is not None else 'run_agent'}"
 
     def where(self, method: str, episode: int, turn: int | None = None) -> str:
         at = f"episode {episode}" + (f", turn {turn}" if turn is not None else "")
-        return f"{self.path}: {self.cls.__name__}.{method} ({at})"
+        owner = f"{self.cls.__name__}." if self.cls is not None and method != "run_agent" else ""
+        return f"{self.path}: {owner}{method} ({at})"
 
 
 def load_agent(path: str, action_max_len: int | None = None) -> AgentSpec:
@@ -88,9 +94,12 @@ def load_agent(path: str, action_max_len: int | None = None) -> AgentSpec:
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
     cls = getattr(module, AGENT_CLASS, None)
+    run_agent = getattr(module, RUN_AGENT, None)
+    if not inspect.isclass(cls) and callable(run_agent):
+        return AgentSpec(str(path), None, action_max_len, run_agent)
     if not inspect.isclass(cls):
         raise ConfigError(f"--agent_func_path {path}: defines no class {AGENT_CLASS} (with step(states) and "
-                          "optionally reset(states)); see docs/agents.md")
+                          f"optionally reset(states)) and no {RUN_AGENT}(base_url, prompt, label); see docs/agents.md")
     if not callable(getattr(cls, "step", None)):
         raise ConfigError(f"--agent_func_path {path}: {AGENT_CLASS} has no step(self, states) method")
     return AgentSpec(str(path), cls, action_max_len)

@@ -15,6 +15,7 @@ import torch
 
 from rlhfkit.agents.environment import AgentSpec
 from rlhfkit.agents.executor import run_episodes
+from rlhfkit.agents.openai_server import run_endpoint_episodes
 from rlhfkit.algorithms.advantages import compute_advantages_and_returns
 from rlhfkit.algorithms.kl import compute_kl
 from rlhfkit.algorithms.normalize import masked_mean
@@ -102,7 +103,10 @@ def _agent_rollout(engines: list[Any], prompts: list[dict[str, Any]], sampling: 
                    tokenizer: Any, timer: Timer, phases: Any | None) -> Rollout:
     """Multi-turn episodes (`rlhfkit.agents`); generation and environment time go to the generation and reward
     stages. The engines stay awake through every turn."""
-    out = run_episodes(engines, prompts, sampling, agent, tokenizer, agent.action_max_len)
+    if agent.run_agent is not None:
+        out = run_endpoint_episodes(engines, prompts, sampling, agent, tokenizer, agent.action_max_len)
+    else:
+        out = run_episodes(engines, prompts, sampling, agent, tokenizer, agent.action_max_len)
     timer.seconds["generation"] = timer.seconds.get("generation", 0.0) + out.generation_seconds
     timer.seconds["reward"] = timer.seconds.get("reward", 0.0) + out.environment_seconds
     if phases is not None:

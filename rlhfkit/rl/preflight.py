@@ -149,9 +149,9 @@ def check_kv_cache_memory(kv_cache_mb: int, engines: int) -> None:
 # the user's Python files
 
 
-def import_user_file(flag: str, path: str, needs: str, shape: str) -> Any:
+def import_user_file(flag: str, path: str, needs: str | tuple[str, ...], shape: str) -> Any:
     """Import `path` as a throw-away module; ConfigError naming the flag, the file and the failing line when it does
-    not import or lacks `needs`. Returns the module."""
+    not import or lacks `needs` (a tuple: lacks all of them). Returns the module."""
     file = Path(path).expanduser()
     if not file.is_file():
         raise ConfigError(f"{flag} {path}: no such file ({shape})")
@@ -174,13 +174,14 @@ def import_user_file(flag: str, path: str, needs: str, shape: str) -> Any:
         raise ConfigError(f"{flag} {path}: importing it raised {type(err).__name__}: {err}{where}") from None
     finally:
         sys.modules.pop(name, None)
-    if getattr(module, needs, None) is None or not callable(getattr(module, needs)):
-        raise ConfigError(f"{flag} {path}: defines no {needs} ({shape})")
+    names = (needs,) if isinstance(needs, str) else needs
+    if not any(callable(getattr(module, n, None)) for n in names):
+        raise ConfigError(f"{flag} {path}: defines no {' and no '.join(names)} ({shape})")
     return module
 
 
 def check_user_files(cfg: Any, agent: bool = True) -> None:
-    from rlhfkit.agents.environment import AGENT_CLASS
+    from rlhfkit.agents.environment import AGENT_CLASS, RUN_AGENT
     from rlhfkit.rewards.reward_func import FILE_SHAPE, FUNC_NAME
     from rlhfkit.rewards.sources import spec_kind, split_specs
 
@@ -189,8 +190,9 @@ def check_user_files(cfg: Any, agent: bool = True) -> None:
             if spec_kind(spec) == "file":
                 import_user_file(flag, spec, FUNC_NAME, FILE_SHAPE)
     if agent and cfg.agent_func_path:
-        module = import_user_file("--agent_func_path", cfg.agent_func_path, AGENT_CLASS,
-                                  f"a .py file defining class {AGENT_CLASS} with step(states); see docs/agents.md")
-        if not callable(getattr(getattr(module, AGENT_CLASS), "step", None)):
+        module = import_user_file("--agent_func_path", cfg.agent_func_path, (AGENT_CLASS, RUN_AGENT),
+                                  f"a .py file defining class {AGENT_CLASS} with step(states), or async def "
+                                  f"{RUN_AGENT}(base_url, prompt, label); see docs/agents.md")
+        if hasattr(module, AGENT_CLASS) and not callable(getattr(getattr(module, AGENT_CLASS), "step", None)):
             raise ConfigError(f"--agent_func_path {cfg.agent_func_path}: {AGENT_CLASS} has no step(self, states) "
                               "method")
