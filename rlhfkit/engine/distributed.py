@@ -27,9 +27,10 @@ class DistInfo:
 
 
 def free_port() -> int:
-    """An unused TCP port on 127.0.0.1."""
+    """A TCP port unused on every address of this host: torch's TCPStore listens on all of them, so a port free on
+    127.0.0.1 alone can still be taken on the node's address (or the reverse), EADDRINUSE."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("", 0))
         return sock.getsockname()[1]
 
 

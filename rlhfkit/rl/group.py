@@ -22,16 +22,42 @@ def cluster_has_gpus() -> bool:
     return ray.cluster_resources().get("GPU", 0) > 0
 
 
+def placement_bundles(num_nodes: int, gpus_per_node: int, cpus_per_bundle: float,
+                      gpus: bool) -> tuple[list[dict[str, float]], str]:
+    """(bundles, strategy) for a role of `num_nodes x gpus_per_node` ranks.
+
+    GPU clusters: one {GPU: 1, CPU: 1} bundle per rank, PACK (as OpenRLHF: a node's GPUs fill before the next).
+    CPU clusters, one node: one {CPU: cpus_per_bundle} bundle per rank, PACK. CPU clusters, several nodes: logical
+    CPUs do not say how many ranks a node holds, so PACK would put every rank on one node; instead one bundle per
+    node ({CPU: gpus_per_node x cpus_per_bundle}), STRICT_SPREAD (each on a different node), and rank r runs in
+    bundle r // gpus_per_node (`bundle_index`)."""
+    if gpus:
+        return [{"GPU": 1, "CPU": 1} for _ in range(num_nodes * gpus_per_node)], "PACK"
+    if num_nodes == 1:
+        return [{"CPU": cpus_per_bundle} for _ in range(gpus_per_node)], "PACK"
+    return [{"CPU": gpus_per_node * cpus_per_bundle} for _ in range(num_nodes)], "STRICT_SPREAD"
+
+
 def make_placement_group(num_nodes: int, gpus_per_node: int, cpus_per_bundle: float) -> Any:
-    """One bundle per rank: {GPU: 1, CPU: 1} on GPU clusters, {CPU: cpus_per_bundle} otherwise."""
+    """The placement group of one role (`placement_bundles`), once Ray has reserved it."""
     import ray
     from ray.util.placement_group import placement_group
 
-    ranks = num_nodes * gpus_per_node
-    bundle = {"GPU": 1, "CPU": 1} if cluster_has_gpus() else {"CPU": cpus_per_bundle}
-    group = placement_group([dict(bundle) for _ in range(ranks)], strategy="PACK")
+    bundles, strategy = placement_bundles(num_nodes, gpus_per_node, cpus_per_bundle, cluster_has_gpus())
+    alive = sum(node["Alive"] for node in ray.nodes())
+    if strategy == "STRICT_SPREAD" and alive < num_nodes:  # Ray would wait for the nodes forever
+        from rlhfkit.config.parse import ConfigError
+
+        raise ConfigError(f"{num_nodes} nodes asked for (--*_num_nodes) but this Ray cluster has {alive}: on one "
+                          f"node use --*_num_nodes 1 --*_num_gpus_per_node {num_nodes * gpus_per_node} (same ranks)")
+    group = placement_group(bundles, strategy=strategy)
     ray.get(group.ready())
     return group
+
+
+def bundle_index(placement_group: Any, rank: int, world_size: int) -> int:
+    """The bundle rank `rank` of `world_size` runs in: its own bundle, or its node's (CPU multi-node groups)."""
+    return rank * len(placement_group.bundle_specs) // world_size
 
 
 class ModelGroup:
@@ -50,8 +76,9 @@ class ModelGroup:
         self.workers: list[Any] = []
         master_addr, master_port = "127.0.0.1", 0
         for rank in range(world_size):
-            strategy = PlacementGroupSchedulingStrategy(placement_group=placement_group,
-                                                        placement_group_bundle_index=rank)
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=placement_group, placement_group_bundle_index=bundle_index(placement_group, rank,
+                                                                                           world_size))
             resources = {"num_gpus": share_bundles, "num_cpus": 0} if gpus else {"num_cpus": share_bundles * 0.25}
             worker = remote_cls.options(scheduling_strategy=strategy, **resources, name=None)
             if rank == 0:

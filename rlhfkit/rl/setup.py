@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +39,11 @@ from rlhfkit.rl.weight_push import push_actor_weights, resolve_sync_backend
 
 log = logging.getLogger("rlhfkit")
 
-WORKER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", "VLLM_HOST_IP": "127.0.0.1",
-              "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# What every Ray worker of a run needs (vLLM in the actor's own process, no tokenizer fork warnings) ...
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
+# ... and what only a cluster rlhfkit starts itself gets: a laptop's loopback and offline settings. A joined cluster
+# (--ray_address / RAY_ADDRESS / `ray job submit`) keeps the user's environment and each node's own address.
+WORKER_ENV = {**ENGINE_ENV, "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 @dataclass
@@ -126,13 +130,33 @@ def start_ray(cfg: Any) -> bool:
         return False
     if not torch.cuda.is_available():
         cpu_matmul_rates()  # the precision probe, before Ray's start-up processes compete for the cores (cached)
-    address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, runtime_env={"env_vars": WORKER_ENV})
-        return True
-    ray.init(num_cpus=max(8, os.cpu_count() or 1), include_dashboard=False, _node_ip_address="127.0.0.1",
-             runtime_env={"env_vars": WORKER_ENV})
+    ray.init(**ray_init_kwargs(cfg.ray_address, os.environ))
     return True
+
+
+def ray_init_kwargs(ray_address: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
+    """`ray.init` arguments for a run.
+
+    Own cluster (no --ray_address, no RAY_ADDRESS): started on 127.0.0.1, workers get `WORKER_ENV` (loopback for
+    vLLM, HF offline). Joined cluster: only `ENGINE_ENV`, leaving out any variable the user's runtime_env sets
+    (under `ray job submit` Ray merges the job's runtime_env, working_dir, pip, env_vars, with this one and fails
+    on a variable set in both); no loopback, no offline switch: each node uses its own address and environment."""
+    address = ray_address or environ.get("RAY_ADDRESS")
+    if not address:
+        return {"num_cpus": max(8, os.cpu_count() or 1), "include_dashboard": False,
+                "_node_ip_address": "127.0.0.1", "runtime_env": {"env_vars": dict(WORKER_ENV)}}
+    job_env = _job_runtime_env(environ).get("env_vars") or {}
+    return {"address": address, "runtime_env": {"env_vars": {k: v for k, v in ENGINE_ENV.items() if k not in job_env}}}
+
+
+def _job_runtime_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The runtime_env of the Ray job this driver runs in (`ray job submit --runtime-env-json`), else {}."""
+    import json
+
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+
+    raw = environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR)
+    return (json.loads(raw).get("runtime_env") or {}) if raw else {}
 
 
 def validate_rl(cfg: Any) -> None:

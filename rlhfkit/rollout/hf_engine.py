@@ -188,7 +188,8 @@ def create_hf_engines(
         options: dict[str, Any] = {"num_cpus": num_cpus_per_engine, "num_gpus": num_gpus}
         if placement_group is not None:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=placement_group, placement_group_bundle_index=k
+                placement_group=placement_group,  # as rlhfkit.rl.group.bundle_index: engine k where rank k is
+                placement_group_bundle_index=k * len(placement_group.bundle_specs) // num_engines,
             )
         engines.append(engine_cls.options(**options).remote(pretrain_path, dtype=dtype, cpu_threads_share=num_engines))
     ray.get([e.ready.remote() for e in engines])

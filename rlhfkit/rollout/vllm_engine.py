@@ -43,6 +43,10 @@ class VLLMEngine:
         cpu_threads_share: int = 1,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        import ray
+
+        if ray.is_initialized() and not os.environ.get("VLLM_HOST_IP"):  # a joined cluster: this node's own address
+            os.environ["VLLM_HOST_IP"] = ray.util.get_node_ip_address()
         from vllm import LLM
 
         self.enable_prefix_caching = enable_prefix_caching
@@ -237,7 +241,7 @@ def create_vllm_engines(
     engines = []
     for k in range(num_engines):
         options = _actor_options(k, has_gpus, tensor_parallel_size, num_cpus_per_engine, placement_group,
-                                 num_gpus_per_engine)
+                                 num_gpus_per_engine, num_engines)
         engines.append(
             engine_cls.options(**options).remote(
                 pretrain_path,
@@ -274,18 +278,25 @@ def engine_options_from_args(args: Any) -> dict[str, Any]:
 
 
 def _actor_options(
-    index: int, has_gpus: bool, tp: int, num_cpus: float, placement_group: Any, num_gpus: float = 1.0
+    index: int, has_gpus: bool, tp: int, num_cpus: float, placement_group: Any, num_gpus: float = 1.0,
+    num_engines: int | None = None,
 ) -> dict[str, Any]:
-    """Ray options for engine `index`: resources, and where it sits in a (given or own) placement group."""
+    """Ray options for engine `index` of `num_engines`: resources, and where it sits in a (given or own) placement
+    group (with TP 1, engine k sits where model rank k does: `rlhfkit.rl.group.bundle_index`)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    def own_bundle() -> int:  # as rlhfkit.rl.group.bundle_index: its own bundle, or its node's
+        if placement_group is None or num_engines is None:
+            return index
+        return index * len(placement_group.bundle_specs) // num_engines
 
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     if not has_gpus:
         options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": 0}
-        bundle = index
+        bundle = own_bundle()
     elif tp == 1:
         options = {"num_cpus": num_cpus, "num_gpus": num_gpus}
-        bundle = index
+        bundle = own_bundle()
     else:
         # vLLM's ray executor places its TP workers in the actor's placement group (captured by child tasks).
         options = {"num_cpus": 0, "num_gpus": 0}
@@ -296,6 +307,8 @@ def _actor_options(
             bundle = index * tp
         env["VLLM_RAY_BUNDLE_INDICES"] = ",".join(str(b) for b in range(bundle, bundle + tp))
     options["runtime_env"] = {"env_vars": env}
+    if placement_group is None and not has_gpus:  # CPU nodes: each engine computes on another node's cores
+        options["scheduling_strategy"] = "SPREAD"
     if placement_group is not None:
         options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
             placement_group=placement_group,
