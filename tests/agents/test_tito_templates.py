@@ -11,6 +11,7 @@ ids the engine sampled and the environment's ids, with the action mask on exactl
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -96,16 +97,20 @@ def episodes(draw, vocab_size):
     return {"prompt": prompt, "turns": turns}
 
 
-def scripted_run(tok, stop_id, stop_text, plans, seed):
-    """Run `run_episodes` on scripted episodes; returns (rollout, per-episode expected (sampled, env) pieces)."""
-    vocab = len(tok)
-    rng = __import__("random").Random(seed)
-    for plan in plans:   # resolve texts to the ids "the engine sampled"
+def resolve(tok, stop_id, plans, seed):
+    """Resolve the planned actions to the ids "the engine sampled" (the stop id only last, when it stopped)."""
+    rng = random.Random(seed)
+    for plan in plans:
         for t in plan["turns"]:
             ids = t["action"] if isinstance(t["action"], list) else encode(tok, t["action"])
-            ids = [i for i in ids if i != stop_id] or [rng.randrange(3, min(vocab, 49152))]
+            ids = [i for i in ids if i != stop_id] or [rng.randrange(3, min(len(tok), 49152))]
             t["ids"] = ids + [stop_id] if t["stopped"] else ids
             t["logprobs"] = [-rng.random() * 5 for _ in t["ids"]]
+
+
+def scripted_run(tok, stop_id, stop_text, plans, seed):
+    """Run `run_episodes` on scripted episodes; returns (rollout, per-episode expected (sampled, env) pieces)."""
+    resolve(tok, stop_id, plans, seed)
     prompts = []
     for plan in plans:
         text = render(tok, plan["prompt"], True)
@@ -240,3 +245,96 @@ def test_where_the_template_is_faithful_the_tokens_spell_its_rendering(templated
         assert rerendered_history(tok, plan, stop_text).startswith(trained)
 
     prop()
+
+
+# ---- the same episodes through the OpenAI-compatible endpoint (run_agent), which does render history ----
+
+def expected_drift_call(name, plan):
+    """The first call whose rendered history no longer continues the previous prompt + reply, or None.
+
+    Llama-3 trims contents (a reply with surrounding whitespace renders differently); the <think>-dropping template
+    drops a reply's thoughts once a user turn follows it (not when only tool turns do)."""
+    turns = plan["turns"]
+    for c in range(1, len(turns)):
+        content = [tok_content for tok_content in (t["content"] for t in turns[:c])]
+        if name == "llama3" and content[c - 1] != content[c - 1].strip():
+            return c
+        if name == "think_dropping" and turns[c - 1]["observation"]["role"] == "user":
+            for j in range(c):   # reply j loses its thoughts now, and did not in call c-1's prompt
+                if "</think>" in content[j] and all(t["observation"]["role"] != "user" for t in turns[j:c - 1]):
+                    return c
+    return None
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_the_endpoint_keeps_sampled_ids_or_refuses_naming_the_call(templated, name):
+    """run_agent episodes with the real openai client: the trained sequence is the sampled ids and the new prompt
+    tokens between calls, position by position; where the template re-renders a reply differently (<think>
+    dropped, Llama-3's trim), the episode is refused naming the call, never silently re-tokenised."""
+    from openai import AsyncOpenAI
+
+    from rlhfkit.agents.environment import AgentError
+    from rlhfkit.agents.openai_server import run_endpoint_episodes
+
+    tok, stop_id = templated[name]
+    seen: set[bool] = set()
+
+    @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(plan=episodes(len(tok)), seed=st.integers(0, 2**16))
+    def prop(plan, seed):
+        resolve(tok, stop_id, [plan], seed)
+        for t in plan["turns"]:
+            t["content"] = tok.decode(t["ids"], skip_special_tokens=True)
+        contexts, calls = [], itertools.count()
+
+        def generate(engines, prompt_ids, sampling):
+            [ctx] = prompt_ids
+            t = plan["turns"][next(calls)]
+            contexts.append(ctx)
+            return [RolloutSample(0, 0, ctx, list(t["ids"]), list(t["logprobs"]),
+                                  "stop" if t["stopped"] else "length")]
+
+        async def run_agent(base_url, prompt, label):
+            client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+            messages = list(plan["prompt"])
+            for t in plan["turns"]:
+                reply = await client.chat.completions.create(model="p", messages=messages, max_tokens=10**4)
+                assert reply.choices[0].message.content == t["content"]
+                messages += [{"role": "assistant", "content": reply.choices[0].message.content}, t["observation"]]
+            return 1.0
+
+        agent = AgentSpec("endpoint_env.py", None, None, run_agent)
+        prompts = [{"prompt": "", "label": None}]
+        drift = expected_drift_call(name, plan)
+        seen.add(drift is not None)
+        if drift is not None:
+            with pytest.raises(AgentError, match=rf"episode 0, call {drift}: its prompt does not start with call "
+                                                 rf"{drift - 1}'s prompt \+ sampled tokens"):
+                run_endpoint_episodes([None], prompts, SamplingConfig(max_new_tokens=10**5), agent, tok,
+                                      generate=generate)
+            return
+        out = run_endpoint_episodes([None], prompts, SamplingConfig(max_new_tokens=10**5), agent, tok,
+                                    generate=generate)
+        [sample] = out.samples
+        assert sample.prompt_ids == encode(tok, render(tok, plan["prompt"], True)) == contexts[0]
+        want, mask, logp = [], [], []
+        for k, t in enumerate(plan["turns"]):
+            if k:   # the engine continued exactly the previous context and the ids it sampled
+                before = contexts[k - 1] + plan["turns"][k - 1]["ids"]
+                assert contexts[k][:len(before)] == before
+                env = contexts[k][len(before):]
+                want, mask, logp = want + env, mask + [False] * len(env), logp + [0.0] * len(env)
+            want, mask, logp = want + t["ids"], mask + [True] * len(t["ids"]), logp + t["logprobs"]
+        assert sample.response_ids == want and sample.action_mask == mask
+        assert sample.response_logprobs == pytest.approx(logp)
+        exp = build_experience([sample.prompt_ids], [sample.response_ids], [sample.response_logprobs], [0],
+                               tok.pad_token_id, [sample.action_mask])
+        assert exp.sequences[0][exp.attention_mask[0].bool()].tolist() == sample.prompt_ids + want
+        assert exp.action_mask[0, :len(want)].tolist() == mask
+        # the new tokens between calls spell what the template writes there (turn markers, the observation)
+        for k in range(1, len(plan["turns"])):
+            env_text = tok.decode(contexts[k][len(contexts[k - 1]) + len(plan["turns"][k - 1]["ids"]):])
+            assert plan["turns"][k - 1]["observation"]["content"].strip() in env_text
+
+    prop()
+    assert seen == ({False} if name == "chatml" else {False, True})   # both outcomes were exercised
