@@ -55,7 +55,7 @@ FOLDER ?= algorithms data rewards
 comma := ,
 MUTATION_SAMPLE_algorithms ?= *[16]
 MUTATION_SAMPLE_data ?= *1
-MUTATION_SAMPLE_rewards ?= 1 *[02468]1
+MUTATION_SAMPLE_rewards ?= 1
 mutation: $(STAMP)
 	@mkdir -p mutants
 	@set -e; $(foreach f,$(FOLDER),echo "mutmut: rlhfkit/$(f), mutants numbered $(MUTATION_SAMPLE_$(f))"; \

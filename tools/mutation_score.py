@@ -9,7 +9,7 @@ are run once more against those tests when the mutated function has a distribute
 all_reduce), inside mutants/ with MUTANT_UNDER_TEST set (the children import the mutated copy); a failure there
 counts as a kill ("killed by recheck").
 
-    python tools/mutation_score.py "algorithms=*[16]" "rewards=1,*[02468]1"   # folder=globs of the sampled numbers
+    python tools/mutation_score.py "algorithms=*[16]" "data=*1" "rewards=1"   # folder=globs (comma-separated)
 """
 
 from __future__ import annotations

@@ -131,3 +131,14 @@ def test_log_ratio_default_clamp_is_20():
     a = torch.tensor([0.0, 0.0, -1.0], dtype=torch.float64)
     b = torch.tensor([-30.0, 25.0, -3.5], dtype=torch.float64)
     assert log_ratio(a, b).tolist() == [20.0, -20.0, 2.5]
+
+
+def test_unbiased_kl_weights_use_the_given_log_ratio_clip():
+    """With old_log_probs (``--use_unbiased_kl``) each token's k3 is weighted by rho = exp(clamp(log pi - log pi_old,
+    -c, c)); the clamp uses the caller's log_ratio_clip."""
+    lp = torch.tensor([[0.0, -1.0]], dtype=torch.float64)
+    ref = torch.tensor([[-0.5, -1.0]], dtype=torch.float64)
+    old = torch.tensor([[-3.0, -1.0]], dtype=torch.float64)  # log-ratio 3 on the first token
+    k3 = math.exp(-0.5) - 1 + 0.5
+    got = kl_loss(lp, ref, None, old_log_probs=old, log_ratio_clip=1.0).item()
+    assert got == pytest.approx(math.e * k3 / 2, rel=1e-12)  # rho = e^1 (clamped), second token k3 = 0

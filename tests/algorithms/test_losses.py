@@ -268,3 +268,12 @@ def test_value_loss_metrics_of_bf16_values_are_float32():
     assert loss.dtype == metrics["values_mean"].dtype == torch.float32
     valid = [v[b, t].double().item() for b in range(5) for t in range(4) if MASK[b, t]]
     assert metrics["values_mean"].item() == pytest.approx(math.fsum(valid) / len(valid), rel=1e-6)
+
+
+def test_ppo_num_tokens_replaces_the_local_count():
+    new, old, adv = batch(4)
+    per = [[ref_ppo_token(new[b, t].item(), old[b, t].item(), adv[b, t].item(), 0.2, 0.2, None) for t in range(4)]
+           for b in range(5)]
+    total = math.fsum(per[b][t] for b in range(5) for t in range(4) if MASK[b, t])
+    loss, _ = ppo_policy_loss(new, old, adv, MASK, num_tokens=40.0)
+    assert loss.item() == pytest.approx(total / 40, rel=1e-12)

@@ -153,3 +153,14 @@ def test_shape_rewards_kl_needs_both_kl_and_a_coefficient():
     torch.testing.assert_close(shape_rewards(r, MASK, kl), plain)
     torch.testing.assert_close(shape_rewards(r, MASK, None, kl_coef=0.1), plain)
     torch.testing.assert_close(shape_rewards(r, MASK, kl, kl_coef=0.1), ref_shape(r.tolist(), kl.tolist(), MASK, 0.1))
+
+
+def test_overlong_penalty_factor_defaults_to_one():
+    from rlhfkit.algorithms.rewards import length_penalties, overlong_penalty
+
+    lengths = torch.tensor([10, 14, 16])
+    # L_max = 16, L_buf = 4: 0 up to 12 tokens, then -(|y| - 12) / 4
+    assert overlong_penalty(lengths, 16, 4).tolist() == [0.0, -0.5, -1.0]
+    r, _ = length_penalties(torch.zeros(3, dtype=torch.float64), lengths, torch.zeros(3, dtype=torch.bool), 16,
+                            overlong_buffer_len=4)
+    assert r.tolist() == [0.0, -0.5, -1.0]

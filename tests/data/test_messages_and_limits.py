@@ -68,7 +68,7 @@ def test_preference_errors_name_the_flag_and_key(tokenizer, load_rows):
         build_preference_samples(bad, tokenizer, prompt_key="prompt", apply_chat_template=True, **opts)
     chats = load_rows([{"chosen": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x"}],
                         "rejected": [{"role": "user", "content": "b"}, {"role": "assistant", "content": "y"}]}])
-    with pytest.raises(DataError, match="a preference pair must share its prompt"):
+    with pytest.raises(DataError, match=r"turn differ\); a preference pair must share its prompt\.$"):
         build_preference_samples(chats, tokenizer, apply_chat_template=True, **opts)
 
 

@@ -69,7 +69,8 @@ def test_label_kinds_must_not_mix(tokenizer, load_rows):
     with pytest.raises(DataError, match="line 1: label key 'label' mixes hard labels"):
         prm(load_rows([{"input": f"x{MARK} y{MARK}", "label": ["+", 0.5]}]), tokenizer)
     rows = load_rows([{"input": f"x{MARK}", "label": ["+"]}, {"input": f"y{MARK}", "label": [0.5]}])
-    with pytest.raises(DataError, match="line 2: label key 'label' has soft labels but earlier rows have hard"):
+    with pytest.raises(DataError, match="line 2: label key 'label' has soft labels but earlier rows have hard labels; "
+                                        "use one kind for the whole dataset$"):
         prm(rows, tokenizer)
     with pytest.raises(DataError, match="neither a reward token, a boolean nor a probability"):
         prm(load_rows([{"input": f"x{MARK}", "label": [None]}]), tokenizer)
@@ -142,3 +143,12 @@ def test_encode_steps_puts_one_placeholder_between_pieces(tokenizer):
         encode_steps(enc, [f"a{MARK}b"], mark)
     with pytest.raises(DataError, match="line 3: the placeholder token appears"):
         encode_steps(enc, [f"a{MARK}b"], mark, {"_source": "f.jsonl", "_line": 3})
+
+
+def test_steps_cut_add_up_over_rows_and_a_one_token_limit_is_valid(tokenizer, load_rows):
+    text = f"one two{MARK} three four five six seven eight{MARK} nine{MARK}"
+    rows = load_rows([{"input": text, "label": ["+", "-", "+"]}] * 2)
+    samples, stats = prm(rows, tokenizer, max_len=1)  # valid; every sample loses all its steps
+    assert samples == [] and stats["dropped"] == 2 and stats["steps_cut"] == 6
+    with pytest.raises(DataError, match=r"missing key 'label' \(set by --label_key\)"):
+        prm(load_rows([{"input": f"x{MARK}", "steps": ["+"]}]), tokenizer)

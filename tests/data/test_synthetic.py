@@ -46,7 +46,7 @@ def test_echo_rows_repeat_two_distinct_words():
     assert len(rows) == 30 and echo_rows(30, seed=4) == rows and echo_rows(30, seed=5) != rows
     for row in rows:
         words = row["output"].split(" ")
-        assert len(words) == 2 and words[0] != words[1]
+        assert len(words) == 2 and words[0] != words[1] and all(w.isalpha() and w.islower() for w in words)
         assert row["input"] == "Repeat: " + row["output"] and row["label"] == row["output"]
 
 
