@@ -71,6 +71,7 @@ class EpisodeLog:
     logprobs: list[float] = field(default_factory=list)
     mask: list[bool] = field(default_factory=list)
     error: str | None = None
+    budget_spent: bool = False    # a call found no room left in --generate_max_len
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def context(self, text: str | None, ids: list[int] | None, encode: Callable[[str], list[int]]) -> list[int]:
@@ -229,6 +230,7 @@ class EndpointServer:
             used += len(prompt_ids) - len(episode.calls[-1].prompt_ids) - len(episode.calls[-1].sampled)
         cap = min(budget - used, self.action_max_len or budget, int(max_tokens) if max_tokens else budget)
         if cap < 1:   # nothing left of the episode's budget: an empty completion, nothing recorded
+            episode.budget_spent = True
             return Call(prompt_ids, text, [], [], "", "length")
         turn = len(episode.calls)
         seed = None if self.sampling.seed is None else self.sampling.seed + episode.row + turn * TURN_STRIDE
@@ -298,7 +300,7 @@ def run_endpoint_episodes(engines: Sequence[Any], prompts: list[dict[str, Any]],
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward or \
                 reward in (float("inf"), float("-inf")):
             raise AgentError(f"{where} returned {reward!r}; expected a finite number (the episode's reward)")
-        finish = log.calls[-1].finish
+        finish = "length" if log.budget_spent else log.calls[-1].finish
         samples.append(RolloutSample(i, j, log.prompt_ids, log.tokens, log.logprobs, finish,
                                      {"turns": len(log.calls)}, log.mask))
     rewards_t = torch.tensor([float(r) for r in rewards], dtype=torch.float32)

@@ -151,3 +151,46 @@ def test_the_example_calculator_agent_over_a_scripted_engine(tokenizer):
     out = run_endpoint_episodes([None], prompts, SamplingConfig(max_new_tokens=100, n=1), agent, tokenizer,
                                 generate=generate)
     assert out.rewards.tolist() == [0.0] and out.samples[0].action_mask == [True] * len(out.samples[0].response_ids)
+
+
+def test_the_episode_budget_caps_calls_and_a_bad_reward_is_refused(tokenizer):
+    """--generate_max_len bounds an episode's sampled + in-between prompt tokens: a call with no room left gets an
+    empty "length" completion and nothing is recorded; a reward that is not a finite number stops the run."""
+    from openai import AsyncOpenAI
+
+    from rlhfkit.agents.environment import AgentSpec
+    from rlhfkit.rollout.types import RolloutSample
+
+    seen = []
+
+    def generate(engines, prompt_ids, sampling):   # always as many tokens as allowed: "a a a ..."
+        seen.append(sampling.max_new_tokens)
+        ids = tokenizer(" a" * sampling.max_new_tokens, add_special_tokens=False)["input_ids"]
+        return [RolloutSample(0, 0, prompt_ids[0], ids, [-1.0] * len(ids), "length")]
+
+    async def run_agent(base_url, prompt, label, reward=1.0):
+        client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+        messages, finishes = [{"role": "user", "content": prompt}], []
+        for _ in range(3):
+            reply = await client.chat.completions.create(model="p", messages=messages, max_tokens=6)
+            finishes.append((reply.choices[0].finish_reason, reply.choices[0].message.content))
+            messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                         {"role": "tool", "content": "ok"}]
+        FINISHES.append(finishes)
+        return label
+
+    FINISHES: list = []
+    agent = AgentSpec("budget_env.py", None, None, run_agent)
+    prompts = [{"prompt": "hi", "label": 0.5}]
+    out = run_endpoint_episodes([None], prompts, SamplingConfig(max_new_tokens=20, n=1), agent, tokenizer,
+                                generate=generate)
+    [sample] = out.samples
+    env = len(tokenizer("<|im_end|>\n<|im_start|>tool\nok<|im_end|>\n<|im_start|>assistant\n",
+                        add_special_tokens=False)["input_ids"])
+    assert seen == [6, 20 - 6 - env] and len(sample.response_ids) == 20 == 6 + env + seen[1]
+    assert FINISHES == [[("length", " a a a a a a"), ("length", " a" * seen[1]), ("length", "")]]
+    assert sample.finish_reason == "length" and sample.extra["turns"] == 2 and out.rewards.tolist() == [0.5]
+    for bad in (float("nan"), "1.0", None):
+        with pytest.raises(AgentError, match=r"budget_env.py: run_agent \(episode 0\) returned .*expected a finite"):
+            run_endpoint_episodes([None], [{"prompt": "hi", "label": bad}], SamplingConfig(max_new_tokens=20),
+                                  agent, tokenizer, generate=generate)
