@@ -141,8 +141,9 @@ class RewardOptions:
 
     reward_pretrain: str | None = opt(None, "reward model(s), comma-separated")
     agent_func_path: str | None = opt(None, "multi-turn agent environment: a .py file defining class AgentInstance "
-                                            "with reset/step (docs/agents.md); its rewards replace "
-                                            "--remote_rm_url and --reward_pretrain")
+                                            "with reset/step, or async def run_agent(base_url, prompt, label) "
+                                            "calling an OpenAI-compatible endpoint (docs/agents.md); its rewards "
+                                            "replace --remote_rm_url and --reward_pretrain")
     agent_action_max_len: int | None = opt(None, "agents: most tokens one action (turn) may generate; default: "
                                                  "what is left of --generate_max_len, the budget of a whole episode")
     remote_rm_url: str | None = opt(None, "reward source(s): http(s) URLs, a reward_func .py file, or builtin:NAME")
