@@ -318,7 +318,7 @@ def generate() -> dict[str, str]:
 
 
 REFUSAL_TEST = ("tests/trainers/test_options_act.py::"
-                "test_aux_loss_coef_and_the_deepspeed_flags_are_refused_with_their_reason")
+                "test_deepspeed_flags_are_refused_with_their_reason")
 
 
 def _test_link(node_id: str) -> str:

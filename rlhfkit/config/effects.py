@@ -118,6 +118,17 @@ EFFECTS: dict[str, Effect] = {
     "lora_dropout": _t("the adapters' dropout (same apply_lora call in the ppo actor)", _SCAFFOLD),
     "target_modules": _t("which modules get adapters (only those train)", _SCAFFOLD,
                          "tests/models/test_lora.py::test_apply_lora_trains_only_adapters"),
+    "load_in_4bit": _t("QLoRA: the base loads in bitsandbytes NF4 (Linear4bit), only the adapters train, the saved "
+                       "adapter reloads with peft and reproduces the trained logits; without --lora_rank a "
+                       "ConfigError; the ppo actor syncs dequantized merged weights",
+                       "tests/trainers/test_qlora.py::"
+                       "test_sft_load_in_4bit_trains_lora_on_an_nf4_base_and_the_adapter_reloads",
+                       "tests/rl/test_lora_rl.py::test_qlora_actor_syncs_dequantized_merged_weights"),
+    "aux_loss_coef": _t("MoE: the loss gains coef x the router load-balancing loss (checked against a float64 "
+                        "recomputation), logged as train/aux_loss; a dense model refuses it",
+                        "tests/trainers/test_moe_aux_loss.py::"
+                        "test_sft_on_moe_adds_aux_loss_coef_times_the_load_balancing_loss",
+                        "tests/trainers/test_moe_aux_loss.py::test_dpo_trains_the_moe_model_with_aux_loss"),
     # ---- data (offline)
     "dataset": _t("the rows trained on", _SCAFFOLD),
     "dataset_probs": _t("the mixing proportions of several --dataset entries",
@@ -295,6 +306,11 @@ EFFECTS: dict[str, Effect] = {
     "reward_num_nodes": _t("nodes of the reward model's placement group", _PPO + "test_reward_group_placement_flags"),
     "reward_num_gpus_per_node": _t("ranks per node of the reward model's placement group",
                                    _PPO + "test_reward_group_placement_flags"),
+    "verbose": _t("without it the Ray actors' output (vLLM, workers) goes to the run folder's logs/ and the console "
+                  "keeps rlhfkit's lines; with it, live on the console",
+                  "tests/observability/test_quiet_console.py::"
+                  "test_verbose_keeps_the_actors_output_live_and_otherwise_it_goes_to_the_run_folder",
+                  _PPO_OPTS + "test_joins_a_running_cluster_by_address"),
     "ray_address": _t("joins that Ray cluster", _PPO_OPTS + "test_joins_a_running_cluster_by_address",
                       _BI + "test_engine_flags_reach_the_engines"),
     "torch_threads_per_worker": _t("torch threads of each worker",
@@ -302,7 +318,7 @@ EFFECTS: dict[str, Effect] = {
                                    "test_ray_alone_gives_one_thread_and_the_workers_take_the_cores"),
     "rollout_backend": _t("transformers (hf) engines are created instead of vLLM ones",
                           _PPO + "test_rollout_backend_and_vllm_dtype_pick_the_engines",
-                          _PPO_OPTS + "test_joins_a_running_cluster_by_address"),
+                          "tests/rl/test_sync_check.py::test_an_engine_computing_with_other_weights_stops_the_run_at_start"),
     "demo:rollout_backend": _t("passed to the demo's ppo run", _CLI + "test_demo_flags_reach_the_ppo_command"),
     "vllm_tensor_parallel_size": _t("the engines' tensor_parallel_size (vLLM engine arguments; GPUs only)",
                                     _PPO + "test_engine_options_from_the_rollout_flags"),

@@ -34,6 +34,10 @@ class ModelOptions:
     lora_alpha: int = opt(16, "LoRA alpha")
     lora_dropout: float = opt(0.0, "LoRA dropout")
     target_modules: list[str] = opt(["all-linear"], "modules LoRA adapts")
+    load_in_4bit: bool = opt(False, "QLoRA: load the frozen base in bitsandbytes NF4 4-bit (needs --lora_rank; one "
+                                    "rank; docs/models.md)")
+    aux_loss_coef: float = opt(0.0, "mixture-of-experts models: add this x the router load-balancing loss to the "
+                                    "training loss (0: off; refused on a dense model)")
 
 
 @dataclass

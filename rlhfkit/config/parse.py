@@ -31,8 +31,6 @@ REJECTED_FLAGS: dict[str, str] = {
     "grad_accum_dtype": "gradients accumulate in the parameter dtype (fp32 master weights); drop the flag",
     "deepspeed_enable_sleep": "use --fsdp_enable_offload (the FSDP2 name for putting trainer state to sleep)",
     "max_ckpt_mem": "use --max_ckpt_num to bound checkpoint count",
-    "aux_loss_coef": "the MoE auxiliary (load-balancing) loss is not implemented: rlhfkit trains dense models; "
-                     "drop the flag",
 }
 
 # Flags a command's shared option groups declare but that command does not act on: refused when given (on the

@@ -41,3 +41,6 @@ def validate_common(cfg: Any) -> None:
         raise ConfigError(f"--lr_warmup_ratio {cfg.lr_warmup_ratio} must lie in [0, 1]")
     if cfg.lora_rank < 0:
         raise ConfigError("--lora_rank must be >= 0")
+    if getattr(cfg, "load_in_4bit", False) and cfg.lora_rank <= 0:
+        raise ConfigError("--load_in_4bit needs --lora_rank > 0: 4-bit base weights cannot be trained, only LoRA "
+                          "adapters on them (QLoRA)")

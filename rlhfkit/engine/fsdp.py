@@ -43,6 +43,15 @@ def shard_model(model: nn.Module, *, zero_stage: int, device: torch.device, para
     """
     dtype = compute_dtype(param_dtype, device)
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    from rlhfkit.models.loading import is_4bit
+
+    if is_4bit(model):  # --load_in_4bit: FSDP2 cannot shard bitsandbytes' packed Params4bit (see docs/models.md)
+        if world > 1:
+            from rlhfkit.config.parse import ConfigError
+
+            raise ConfigError(f"--load_in_4bit trains on one rank only ({world} here): FSDP2 cannot shard "
+                              "bitsandbytes 4-bit weights; run one process, or drop --load_in_4bit")
+        return model  # bitsandbytes placed it; the 4-bit layers compute in the dtype they were loaded with
     if world == 1 and dtype == torch.float32 and not cpu_offload:
         return model.to(device)
     kwargs: dict = {"reshard_after_forward": zero_stage == 3}

@@ -29,6 +29,8 @@ class TrainEngine:
             model.config.use_cache = False
         self.model = shard_model(model, zero_stage=cfg.zero_stage, device=dist_info.device,
                                  param_dtype=cfg.param_dtype, cpu_offload=cfg.adam_offload)
+        self.aux_loss_coef = float(getattr(cfg, "aux_loss_coef", 0.0) or 0.0)
+        self.aux_loss = _router_aux_loss(self.model, self.aux_loss_coef)
         lr = cfg.learning_rate if learning_rate is None else learning_rate
         self.optimizer = build_optimizer(self.model, lr, cfg.adam_betas, cfg.l2)
         self.scheduler = build_scheduler(self.optimizer, total_steps=total_steps, warmup_ratio=cfg.lr_warmup_ratio,
@@ -69,6 +71,21 @@ class TrainEngine:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return value
+
+
+def _router_aux_loss(model: nn.Module, coef: float) -> Any:
+    """--aux_loss_coef > 0: the hooks that capture each training forward's router load-balancing loss (MoE only)."""
+    from rlhfkit.config.parse import ConfigError
+    from rlhfkit.models.moe import RouterAuxLoss, is_moe
+
+    if coef < 0:
+        raise ConfigError(f"--aux_loss_coef must be >= 0, got {coef}")
+    if coef == 0:
+        return None
+    if not is_moe(model):
+        raise ConfigError(f"--aux_loss_coef {coef}: the model is not a mixture of experts (no router), so there is no "
+                          "load-balancing loss to add; drop the flag")
+    return RouterAuxLoss(model)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -141,15 +141,36 @@ def load_causal_lm(
     *,
     dtype: torch.dtype = torch.float32,
     attn_implementation: str = "sdpa",
+    load_in_4bit: bool = False,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> PreTrainedModel:
-    """Load a causal LM (``AutoModelForCausalLM``) from any accepted spec; ``config.pad_token_id`` is set."""
+    """Load a causal LM (``AutoModelForCausalLM``) from any accepted spec; ``config.pad_token_id`` is set.
+    ``load_in_4bit``: the linear layers in bitsandbytes NF4 computing in ``compute_dtype`` (QLoRA, docs/models.md)."""
     path = resolve_pretrain(spec)
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation=attn_implementation, local_files_only=_local_only(path)
+        path, dtype=dtype, attn_implementation=attn_implementation, local_files_only=_local_only(path),
+        **quantization_kwargs(load_in_4bit, compute_dtype)
     )
     if model.config.pad_token_id is None:
         model.config.pad_token_id = load_tokenizer(path).pad_token_id
     return model
+
+
+def quantization_kwargs(load_in_4bit: bool, compute_dtype: torch.dtype = torch.float32) -> dict:
+    """``from_pretrained`` arguments for ``--load_in_4bit``: bitsandbytes NF4 weights (the ``score`` head and the
+    embeddings stay in ``dtype``), matmuls in ``compute_dtype``; nothing when off."""
+    if not load_in_4bit:
+        return {}
+    from transformers import BitsAndBytesConfig
+
+    return {"quantization_config": BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                      bnb_4bit_compute_dtype=compute_dtype,
+                                                      llm_int8_skip_modules=[VALUE_HEAD, "lm_head"])}
+
+
+def is_4bit(model: torch.nn.Module) -> bool:
+    """Whether bitsandbytes 4-bit layers are in ``model`` (through PEFT and FSDP wrappers)."""
+    return any(type(m).__name__ == "Linear4bit" for m in model.modules())
 
 
 def is_scalar_checkpoint(config) -> bool:
@@ -163,6 +184,8 @@ def load_scalar_model(
     dtype: torch.dtype = torch.float32,
     attn_implementation: str = "sdpa",
     init_from_causal: bool = True,
+    load_in_4bit: bool = False,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> PreTrainedModel:
     """Load a model with a scalar head named ``score`` (reward model, critic, PRM).
 
@@ -183,7 +206,8 @@ def load_scalar_model(
     if config.pad_token_id is None:
         config.pad_token_id = load_tokenizer(path).pad_token_id
     model = AutoModelForSequenceClassification.from_pretrained(
-        path, config=config, dtype=dtype, attn_implementation=attn_implementation, local_files_only=local
+        path, config=config, dtype=dtype, attn_implementation=attn_implementation, local_files_only=local,
+        **quantization_kwargs(load_in_4bit, compute_dtype)
     )
     if not isinstance(getattr(model, VALUE_HEAD, None), torch.nn.Linear):
         raise ValueError(f"{type(model).__name__} has no Linear head named {VALUE_HEAD!r}; rlhfkit needs one")

@@ -30,7 +30,10 @@ One file per dumped step, a dict (load with `torch.load(path)`):
                                        policy term), entropy, is_weights (IS correction), ref_log_probs and kl
                                        (--use_kl_loss: the KL loss's per-token estimate), and the scalars loss
                                        (what backward got, before the x world-size scale), clip_frac,
-                                       dual_clip_frac
+                                       dual_clip_frac; with --aux_loss_coef on an MoE actor also aux_loss (the
+                                       router load-balancing loss of this forward; loss includes coef x aux_loss /
+                                       (num_micro_batches x world size)), num_micro_batches, and the trimmed
+                                       sequences / attention_mask the forward saw
     micro-batch (critic)              row_index, action_mask, values (new), old_values, returns, value_loss (per
                                        token: sum(mask * value_loss) / num_tokens is the loss), loss, value_clip_frac
 """

@@ -56,6 +56,11 @@ class ModelWorker:
 
     def __init__(self, role: str, cfg: dict[str, Any], rank: int, world_size: int, master_addr: str,
                  master_port: int) -> None:
+        from rlhfkit.observability.run import process_log_path, redirect_output
+
+        log_path = process_log_path(cfg.get("run_dir"), bool(cfg.get("verbose")), f"{role}_rank{rank}")
+        if log_path:  # this rank's library logs go to the run folder, not the driver's console
+            redirect_output(log_path)
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0" if not torch.cuda.is_available()
                           else os.environ.get("LOCAL_RANK", "0"), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
         if not torch.cuda.is_available():  # Ray gave this actor OMP_NUM_THREADS=1 (it asks for a fraction of a CPU)
@@ -85,7 +90,16 @@ class ModelWorker:
         if scalar_head or reward_model:
             model = load_scalar_model(pretrain, init_from_causal=not reward_model, attn_implementation=attn)
         else:
-            model = load_causal_lm(pretrain, attn_implementation=attn)
+            quantized = trainable and bool(getattr(self.cfg, "load_in_4bit", False))  # QLoRA actor
+            if quantized and self.cfg.lora_rank <= 0:
+                from rlhfkit.config.parse import ConfigError
+
+                raise ConfigError("--load_in_4bit needs --lora_rank > 0: 4-bit base weights cannot be trained, only "
+                                  "LoRA adapters on them (QLoRA)")
+            from rlhfkit.engine.fsdp import compute_dtype
+
+            model = load_causal_lm(pretrain, attn_implementation=attn, load_in_4bit=quantized,
+                                   compute_dtype=compute_dtype(self.cfg.param_dtype, self.dist.device))
         if reward_model and getattr(self.cfg, "normalize_reward", False):
             from rlhfkit.rewards.reward_model import reward_stats
 
@@ -250,10 +264,13 @@ class ModelWorker:
         sums: dict[str, float] = {}
         dump: list[dict[str, Any]] | None = [] if "row_index" in shard else None  # --debug_dump_steps
         budget = cfg.train_max_tokens_per_gpu if cfg.use_dynamic_batch else None
-        for mb in micro_batches(sort_rows_by_length(shard), cfg.micro_train_batch_size, budget):
+        router = self.engine.aux_loss  # --aux_loss_coef on an MoE actor: the router load-balancing loss
+        batches = list(micro_batches(sort_rows_by_length(shard), cfg.micro_train_batch_size, budget))
+        for mb in batches:
             mb = self._to_device(trim_padding(mb))
             mask = mb["action_mask"]
             log_probs, entropy = self._action_log_probs(mb, with_entropy=True)
+            aux = router.pop() if router is not None else None
             old = mb.get("old_log_probs")
             if old is None:  # one optimizer step per rollout: the old policy is this one (make_experience)
                 old = self._old_log_probs_of_this_policy(mb, log_probs)
@@ -284,6 +301,9 @@ class ModelWorker:
             ent = (entropy * mask).sum() / num_tokens
             if cfg.entropy_loss_coef:
                 loss = loss - cfg.entropy_loss_coef * (entropy * mask).sum() / num_tokens
+            if aux is not None:  # the step adds coef x the mean router loss over every micro-batch of every rank
+                loss = loss + self.engine.aux_loss_coef * aux / (len(batches) * world)
+                sums["aux_loss"] = sums.get("aux_loss", 0.0) + float(aux.detach()) / (len(batches) * world) * num_tokens
             (loss * world).backward()
             sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(loss.detach()) * num_tokens
             sums["entropy"] = sums.get("entropy", 0.0) + float(ent) * num_tokens
@@ -294,7 +314,10 @@ class ModelWorker:
                                         old_log_probs=old, log_probs=log_probs, ratio=token_out["ratio"],
                                         policy_loss=token_out["loss"], entropy=entropy, is_weights=weights,
                                         kl=token_out.get("kl"), loss=loss, clip_frac=metrics["clip_frac"],
-                                        dual_clip_frac=metrics["dual_clip_frac"]))
+                                        dual_clip_frac=metrics["dual_clip_frac"], aux_loss=aux,
+                                        sequences=mb["sequences"] if aux is not None else None,
+                                        attention_mask=mb["attention_mask"] if aux is not None else None,
+                                        num_micro_batches=torch.tensor(len(batches)) if aux is not None else None))
         if ptx is not None:
             for mb in micro_batches(ptx, cfg.micro_train_batch_size):
                 mb = self._to_device(mb)
@@ -302,6 +325,8 @@ class ModelWorker:
                                     position_ids=position_ids(mb["attention_mask"])).logits
                 lm = masked_lm_loss(logits, mb["sequences"], mb["loss_mask"], num_tokens=max(ptx_tokens, 1.0))
                 (cfg.ptx_coef * lm * world).backward()
+                if router is not None:
+                    router.pop()  # the auxiliary term comes from the policy forwards only
                 sums["ptx_loss"] = sums.get("ptx_loss", 0.0) + float(lm.detach()) * num_tokens
         return self._finish_step(sums, dump, "grad_norm", "lr")
 
@@ -430,7 +455,11 @@ def _full_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.
 
     for name, param in model.named_parameters():
         tensor = param.detach()
-        if isinstance(tensor, DTensor):
+        if getattr(param, "quant_state", None) is not None:  # --load_in_4bit: the engines get dequantized weights
+            import bitsandbytes.functional as bnb_functional
+
+            tensor = bnb_functional.dequantize_4bit(param.data, param.quant_state).to(torch.float32)
+        elif isinstance(tensor, DTensor):
             if tensor.device.type != tensor.device_mesh.device_type:
                 tensor = tensor.to(tensor.device_mesh.device_type)
             tensor = tensor.full_tensor()

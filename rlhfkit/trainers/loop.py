@@ -99,13 +99,24 @@ def train_step(engine: TrainEngine, method: OfflineMethod, samples: list[Sample]
                          "batch has an empty loss mask. Check --max_len and the data's response fields.")
     sums: dict[str, float] = {}
     tokens = 0
+    aux_sum = 0.0
+    router = getattr(engine, "aux_loss", None)  # --aux_loss_coef on an MoE model (rlhfkit.models.moe)
     for mb in micro_batches:
         batch = method.collate([samples[i] for i in mb])
         loss_sum, metric_sums = method.loss(engine.model, batch)
-        (loss_sum * (world / global_weight)).backward()
+        scaled = loss_sum * (world / global_weight)
+        aux = router.pop() if router is not None else None
+        if aux is not None:  # --aux_loss_coef: the step adds coef x the mean router loss of its micro-batches
+            scaled = scaled + engine.aux_loss_coef * aux / len(micro_batches)
+            aux_sum += float(aux.detach())
+        scaled.backward()
         _sum_metrics(sums, {"loss": loss_sum, **metric_sums})
         tokens += sum(method.tokens(samples[i]) for i in mb)
     metrics = _reduce_metrics(sums, global_weight)
+    if router is not None:  # FSDP2 averages gradients over ranks: the term is the mean over every rank
+        aux_mean = float(all_reduce_sum(aux_sum / max(1, len(micro_batches)))) / world
+        metrics["aux_loss"] = aux_mean
+        metrics["loss"] += engine.aux_loss_coef * aux_mean
     metrics["lr"] = engine.lr
     metrics["grad_norm"] = engine.optimizer_step()
     return metrics, tokens

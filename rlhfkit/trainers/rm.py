@@ -100,7 +100,10 @@ def rm_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
 
 def load_reward_model(cfg: Any, dist_info: DistInfo) -> nn.Module:
     """The model with a ``score`` head: a reward-model checkpoint keeps its head, a causal LM gets a fresh one."""
-    model = load_scalar_model(cfg.pretrain, attn_implementation=cfg.attn_implementation)
+    from rlhfkit.engine.fsdp import compute_dtype
+
+    model = load_scalar_model(cfg.pretrain, attn_implementation=cfg.attn_implementation, load_in_4bit=cfg.load_in_4bit,
+                              compute_dtype=compute_dtype(cfg.param_dtype, dist_info.device))
     if cfg.lora_rank > 0:
         model = apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.target_modules, cfg.lora_dropout)
     return model

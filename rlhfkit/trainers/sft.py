@@ -16,6 +16,7 @@ from rlhfkit.data.collate import collate_packed, collate_padded
 from rlhfkit.data.formatting import get_field, require_text, to_messages
 from rlhfkit.data.sft import build_sft_samples
 from rlhfkit.engine.distributed import DistInfo
+from rlhfkit.engine.fsdp import compute_dtype
 from rlhfkit.models.loading import load_causal_lm
 from rlhfkit.models.lora import apply_lora
 from rlhfkit.trainers.common import target_log_probs
@@ -77,7 +78,8 @@ def sft_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
 
 
 def load_policy(cfg: Any, dist_info: DistInfo) -> nn.Module:
-    model = load_causal_lm(cfg.pretrain, attn_implementation=cfg.attn_implementation)
+    model = load_causal_lm(cfg.pretrain, attn_implementation=cfg.attn_implementation, load_in_4bit=cfg.load_in_4bit,
+                           compute_dtype=compute_dtype(cfg.param_dtype, dist_info.device))
     if cfg.lora_rank > 0:
         model = apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.target_modules, cfg.lora_dropout)
     return model

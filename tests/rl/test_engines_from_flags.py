@@ -48,12 +48,40 @@ def assert_ray_agrees(ray_cluster, entries: list[dict]) -> None:
         assert row["State"] == "DEAD", entry  # the run freed what it created
 
 
+def assert_policy_loss_adds_the_router_aux_loss(moe: str, out: Path, coef: float, first_row: dict) -> None:
+    """--aux_loss_coef in the ppo policy step: the first update's micro-batch loss is the policy term plus
+    coef x the load-balancing loss, recomputed here in float64 from the initial model's router logits."""
+    import torch
+    from moe_reference import reference_aux_loss
+    from transformers import AutoModelForCausalLM
+
+    from rlhfkit.rl.experience import position_ids
+
+    dump = torch.load(out / "run" / "debug" / "step_1.pt", weights_only=True)
+    entry = dump["actor"][0]
+    [mb] = entry["micro_batches"]  # one micro-batch of 16 rows, one rank
+    model = AutoModelForCausalLM.from_pretrained(moe, dtype=torch.float32).eval()
+    with torch.no_grad():
+        routed = model(input_ids=mb["sequences"], attention_mask=mb["attention_mask"],
+                       position_ids=position_ids(mb["attention_mask"]), output_router_logits=True)
+    aux = reference_aux_loss(routed.router_logits, mb["attention_mask"], 4, 2)
+    assert float(mb["aux_loss"]) == pytest.approx(aux, rel=1e-5)
+    mask = mb["action_mask"].double()
+    policy_term = float((mb["policy_loss"].double() * mask).sum()) / entry["num_tokens"]
+    assert int(mb["num_micro_batches"]) == 1
+    assert float(mb["loss"]) - policy_term == pytest.approx(coef * aux, rel=1e-4, abs=1e-6)
+    assert first_row["train/aux_loss"] == pytest.approx(aux, rel=1e-5)
+
+
 def test_one_engine_from_flags_on_a_mixture_of_experts_model(ray_cluster, tmp_path):
     from rlhfkit.models.tiny import build_tiny_moe_causal_lm
 
     moe = build_tiny_moe_causal_lm(str(tmp_path / "moe"))
-    rows, manifest = run_own_engines(moe, tmp_path, max_samples=8, vllm_dtype="fp32")
+    coef = 0.1
+    rows, manifest = run_own_engines(moe, tmp_path, max_samples=8, vllm_dtype="fp32", aux_loss_coef=coef,
+                                     debug_dump_steps=["1"])
     assert [r["step"] for r in rows] == [1, 2]
+    assert_policy_loss_adds_the_router_aux_loss(moe, tmp_path, coef, rows[0])
     for row in rows:  # the engine computes what the trainer computes after every sync (was 1e-2 off for MoE)
         assert row["sync/logprob_diff"] <= 1e-3 and row["sync/logprob_diff_max"] < 1e-2
         assert row["train/grad_norm"] > 0

@@ -59,3 +59,14 @@ def test_lora_merge_names_a_missing_adapter(tmp_path, tiny_model_dir, capsys):
     assert (f"rlhfkit lora-merge: error: --lora_path {missing}: {missing / 'adapter_config.json'} not found: "
             f"'{missing}' is not a peft adapter folder") in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_qlora_actor_syncs_dequantized_merged_weights(tiny_model_dir, rollout_vllm_engine, tmp_path):
+    """`ppo --load_in_4bit --lora_rank 8`: the actor trains adapters on an NF4 base; every sync sends the dequantized
+    base plus the merged adapters, so the engine's log-probs match the trainer's after each sync."""
+    pytest.importorskip("bitsandbytes")
+    prompts = write_jsonl(echo_rows(16, seed=3), tmp_path / "prompts.jsonl")
+    rows = run(tiny_model_dir, prompts, tmp_path, rollout_vllm_engine, lora_rank=8, lora_alpha=16, load_in_4bit=True)
+    assert len(rows) == 4 and all(r["train/grad_norm"] > 0 for r in rows)
+    assert max(series(rows, "rollout/logprob_abs_diff_mean")) < 1e-3
+    assert (tmp_path / "hf" / "adapter_config.json").exists()
