@@ -74,6 +74,8 @@ class InferenceOptions:
     enable_prefix_caching: bool = opt(False, "vLLM prefix caching (helps best_of_n)")
     enforce_eager: bool = opt(False, "disable CUDA graphs in vLLM")
     ray_address: str | None = opt(None, "join this Ray cluster (default: RAY_ADDRESS, else start a local one)")
+    verbose: bool = opt(False, "show Ray's and vLLM's logs live on the console; without it the engines' logs go to "
+                               "<output_path>.logs/ and the console keeps rlhfkit's own lines")
 
 
 INFERENCE_GROUPS = [InferenceModelOptions, InferenceDataOptions, InferenceOptions]

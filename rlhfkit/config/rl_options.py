@@ -12,6 +12,9 @@ class PlacementOptions:
     """Ray placement"""
 
     ray_address: str | None = opt(None, "join this Ray cluster (default: RAY_ADDRESS, else start a local one)")
+    verbose: bool = opt(False, "show Ray's, vLLM's and the workers' logs live on the console; without it they go to "
+                               "<run_dir>/logs/ (one file per model rank and engine) and the console keeps "
+                               "rlhfkit's own lines")
     actor_num_nodes: int = opt(1, "nodes of the policy (actor) group")
     actor_num_gpus_per_node: int = opt(1, "ranks per node of the actor group (GPUs; CPU bundles without GPUs)")
     ref_num_nodes: int = opt(1, "nodes of the reference group")

@@ -160,17 +160,20 @@ def start_engines(cfg: Any, path: str) -> tuple[list[Any], bool]:
 
     owns_ray = start_ray(cfg)
     apply_precision(cfg, "cuda" if cluster_has_gpus() else "cpu", touch_device=False)
+    log_dir = None if cfg.verbose else f"{cfg.output_path}.logs"  # the engines' own logs, beside the rows
     if cfg.eval_task == "generate":
         from rlhfkit.rollout.hf_engine import create_hf_engines
 
-        return create_hf_engines(cfg.vllm_num_engines, path, dtype=ENGINE_DTYPES[cfg.param_dtype]), owns_ray
+        return create_hf_engines(cfg.vllm_num_engines, path, dtype=ENGINE_DTYPES[cfg.param_dtype],
+                                 log_dir=log_dir), owns_ray
     from rlhfkit.rollout.vllm_engine import create_vllm_engines
 
     engines = create_vllm_engines(
         cfg.vllm_num_engines, path, tensor_parallel_size=cfg.tp_size,
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, cpu_kv_cache_bytes=cfg.vllm_kv_cache_mb << 20,
         enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
-        max_model_len=cfg.prompt_max_len + cfg.max_new_tokens, dtype=ENGINE_DTYPES[cfg.param_dtype], seed=cfg.seed)
+        max_model_len=cfg.prompt_max_len + cfg.max_new_tokens, dtype=ENGINE_DTYPES[cfg.param_dtype], seed=cfg.seed,
+        log_dir=log_dir)
     return engines, owns_ray
 
 

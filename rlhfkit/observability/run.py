@@ -86,6 +86,27 @@ def write_manifest(run_dir: Path, cfg: Any, world_size: int, torchrun: bool = Tr
     return manifest
 
 
+def process_log_path(run_dir: str | None, verbose: bool, name: str) -> str | None:
+    """Where a Ray actor of the run writes its output: `<run_dir>/logs/<name>.log`, or None (Ray's log stream, live
+    on the console) with `--verbose` or without a run folder."""
+    return None if verbose or not run_dir else os.path.join(run_dir, "logs", f"{name}.log")
+
+
+def redirect_output(path: str | Path) -> Path:
+    """Send this process's stdout and stderr to `path` (appended), at the file-descriptor level so that Python,
+    C++ and child-process output all land there: a Ray actor's library logs (vLLM, transformers, torch) go to the
+    run folder instead of the driver's console (`--verbose` keeps them live). Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return path
+
+
 def prepare_run_dir(cfg: Any, is_main: bool, world_size: int, torchrun: bool = True) -> Path:
     """Create the run folder (rank 0), set up logging, write the manifest."""
     run_dir = Path(cfg.run_dir or default_run_dir(cfg.command))

@@ -126,12 +126,27 @@ def start_ray(cfg: Any) -> bool:
     Returns True when this process started the cluster."""
     import ray
 
+    if not cfg.verbose:
+        quiet_driver_libraries()
     if ray.is_initialized():
         return False
     if not torch.cuda.is_available():
         cpu_matmul_rates()  # the precision probe, before Ray's start-up processes compete for the cores (cached)
-    ray.init(**ray_init_kwargs(cfg.ray_address, os.environ))
+    # Without --verbose the actors' output stays off the console: each model rank and engine writes it to a file
+    # of its own under the run folder (`redirect_output`), and Ray's own start-up notices are errors-only.
+    ray.init(**ray_init_kwargs(cfg.ray_address, os.environ), log_to_driver=cfg.verbose,
+             logging_level=logging.INFO if cfg.verbose else logging.ERROR)
     return True
+
+
+def quiet_driver_libraries() -> None:
+    """The driver's console keeps rlhfkit's lines: no datasets / transformers progress bars or info notices."""
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
 
 
 def ray_init_kwargs(ray_address: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
@@ -389,10 +404,11 @@ def cfg_name(spec: str) -> str:
 def _engines(cfg: Any, path: str, placement: Placement) -> list[Any]:
     from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES, create_vllm_engines, engine_options_from_args
 
+    log_dir = None if cfg.verbose else os.path.join(cfg.run_dir, "logs")  # as process_log_path: engine<k>.log
     if cfg.rollout_backend == "hf":
         from rlhfkit.rollout.hf_engine import create_hf_engines
 
-        return create_hf_engines(cfg.vllm_num_engines, path, dtype=ENGINE_DTYPES[cfg.vllm_dtype])
+        return create_hf_engines(cfg.vllm_num_engines, path, dtype=ENGINE_DTYPES[cfg.vllm_dtype], log_dir=log_dir)
 
     options = engine_options_from_args(cfg)
     options["dtype"] = ENGINE_DTYPES[cfg.vllm_dtype]  # resolved by apply_precision (auto = the trainer's)
@@ -401,7 +417,7 @@ def _engines(cfg: Any, path: str, placement: Placement) -> list[Any]:
         options.update(placement_group=placement.groups["engines"], num_gpus_per_engine=share,
                        num_cpus_per_engine=0.25 * share)
     options["enable_sleep_mode"] = cfg.vllm_enable_sleep
-    return create_vllm_engines(cfg.vllm_num_engines, path, **options)
+    return create_vllm_engines(cfg.vllm_num_engines, path, log_dir=log_dir, **options)
 
 
 def build_rewards(cfg: Any, tokenizer: Any, groups: list[ModelGroup], specs: list[str]) -> RolloutRewards:

@@ -8,6 +8,7 @@ engine's `processed_logprobs`. Usable in-process or as a Ray actor (`create_hf_e
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -22,8 +23,13 @@ class HFEngine:
     """A causal LM with `generate`/`score` on token ids and in-place bucketed weight updates."""
 
     def __init__(self, pretrain_path: str, *, dtype: str = "float32", device: str | None = None,
-                 cpu_threads_share: int | None = None) -> None:
-        """`cpu_threads_share`: in a Ray actor on CPU, use the node's cores split this many ways (Ray gives 1)."""
+                 cpu_threads_share: int | None = None, log_path: str | None = None) -> None:
+        """`cpu_threads_share`: in a Ray actor on CPU, use the node's cores split this many ways (Ray gives 1).
+        `log_path`: this process's output goes there (the run folder) instead of Ray's log stream."""
+        if log_path:
+            from rlhfkit.observability.run import redirect_output
+
+            redirect_output(log_path)
         from rlhfkit.engine.cpu_threads import set_cpu_threads
         from rlhfkit.models.loading import load_causal_lm
 
@@ -176,6 +182,7 @@ def create_hf_engines(
     dtype: str = "float32",
     num_cpus_per_engine: float = 0.5,
     placement_group: Any = None,
+    log_dir: str | None = None,
 ) -> list[Any]:
     """Start `num_engines` `HFEngine` Ray actors (1 GPU each when the cluster has GPUs) and wait until ready."""
     import ray
@@ -191,6 +198,8 @@ def create_hf_engines(
                 placement_group=placement_group,  # as rlhfkit.rl.group.bundle_index: engine k where rank k is
                 placement_group_bundle_index=k * len(placement_group.bundle_specs) // num_engines,
             )
-        engines.append(engine_cls.options(**options).remote(pretrain_path, dtype=dtype, cpu_threads_share=num_engines))
+        log_path = os.path.join(log_dir, f"engine{k}.log") if log_dir else None
+        engines.append(engine_cls.options(**options).remote(pretrain_path, dtype=dtype, cpu_threads_share=num_engines,
+                                                            log_path=log_path))
     ray.get([e.ready.remote() for e in engines])
     return engines

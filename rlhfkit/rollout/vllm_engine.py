@@ -41,7 +41,12 @@ class VLLMEngine:
         distributed_executor_backend: str | None = None,
         enable_sleep_mode: bool = False,
         cpu_threads_share: int = 1,
+        log_path: str | None = None,
     ) -> None:
+        if log_path:  # vLLM's logs to the run folder, not the driver's console (--verbose keeps them live)
+            from rlhfkit.observability.run import redirect_output
+
+            redirect_output(log_path)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         import ray
 
@@ -216,6 +221,7 @@ def create_vllm_engines(
     logprobs_mode: str = "processed_logprobs",
     enable_sleep_mode: bool = False,
     num_gpus_per_engine: float = 1.0,
+    log_dir: str | None = None,
 ) -> list[Any]:
     """Start `num_engines` `VLLMEngine` Ray actors and wait until they are ready.
 
@@ -225,7 +231,8 @@ def create_vllm_engines(
     takes `tensor_parallel_size` GPUs: TP 1 runs in the actor (`num_gpus=1`); TP > 1 gives the actor a placement
     group of TP bundles and lets vLLM start its ray workers in it (GPU path written, not tested here). Engine `k`
     is seeded with `seed + k`. Colocated engines (`--colocate_all_models`) pass the models' `placement_group`, a
-    fraction `num_gpus_per_engine` of a GPU and `enable_sleep_mode` (`--vllm_enable_sleep`).
+    fraction `num_gpus_per_engine` of a GPU and `enable_sleep_mode` (`--vllm_enable_sleep`). With `log_dir`, engine
+    `k` writes its output (vLLM's logs) to `log_dir/engine<k>.log` instead of Ray's log stream.
     """
     import ray
 
@@ -257,6 +264,7 @@ def create_vllm_engines(
                 distributed_executor_backend="ray" if tensor_parallel_size > 1 else None,
                 enable_sleep_mode=enable_sleep_mode and has_gpus,
                 cpu_threads_share=num_engines,
+                log_path=os.path.join(log_dir, f"engine{k}.log") if log_dir else None,
             )
         )
     ray.get([e.ready.remote() for e in engines])
