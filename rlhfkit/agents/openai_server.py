@@ -117,6 +117,7 @@ class EndpointServer:
         self.episodes, self.action_max_len, self.generate = episodes, action_max_len, generate
         self.generation_seconds = 0.0
         self._clock = threading.Lock()
+        self._tok = threading.RLock()   # a fast tokenizer is not safe to call from several handler threads at once
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -192,17 +193,23 @@ class EndpointServer:
 
     def _render(self, body: dict) -> str:
         kwargs = {"tools": body["tools"]} if body.get("tools") else {}
-        return self.tokenizer.apply_chat_template(body["messages"], tokenize=False, add_generation_prompt=True,
-                                                  **kwargs)
+        with self._tok:
+            return self.tokenizer.apply_chat_template(body["messages"], tokenize=False, add_generation_prompt=True,
+                                                      **kwargs)
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+        with self._tok:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def _decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        with self._tok:
+            return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def _chat(self, episode: EpisodeLog, body: dict) -> dict:
         text = self._render(body)
         call = self._sample(episode, text, None, body.get("max_completion_tokens") or body.get("max_tokens"))
-        content = self.tokenizer.decode(call.sampled, skip_special_tokens=True)
-        stop = self.tokenizer.decode(call.sampled[-1:]) if call.finish == "stop" and call.sampled and \
+        content = self._decode(call.sampled, skip_special_tokens=True)
+        stop = self._decode(call.sampled[-1:]) if call.finish == "stop" and call.sampled and \
             call.sampled[-1] in self.tokenizer.all_special_ids else ""
         call.continuation = content + stop
         if call.sampled:
@@ -216,7 +223,7 @@ class EndpointServer:
             prompt = prompt[0]
         text, ids = (prompt, None) if isinstance(prompt, str) else (None, [int(t) for t in prompt])
         call = self._sample(episode, text, ids, body.get("max_tokens") or 16)
-        call.continuation = self.tokenizer.decode(call.sampled, skip_special_tokens=False)
+        call.continuation = self._decode(call.sampled)
         if call.sampled:
             episode.record(call)
         logprobs = self._logprobs(call, False) if body.get("logprobs") is not None else None
@@ -243,7 +250,7 @@ class EndpointServer:
                     sample.finish_reason)
 
     def _logprobs(self, call: Call, chat: bool) -> dict:
-        pieces = [self.tokenizer.decode([t]) for t in call.sampled]
+        pieces = [self._decode([t]) for t in call.sampled]
         if chat:
             return {"content": [{"token": p, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
                                 for p, lp in zip(pieces, call.logprobs)]}
