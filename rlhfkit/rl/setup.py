@@ -404,7 +404,7 @@ def cfg_name(spec: str) -> str:
 def _engines(cfg: Any, path: str, placement: Placement) -> list[Any]:
     from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES, create_vllm_engines, engine_options_from_args
 
-    log_dir = None if cfg.verbose else os.path.join(cfg.run_dir, "logs")  # as process_log_path: engine<k>.log
+    log_dir = None if cfg.verbose or not cfg.run_dir else os.path.join(cfg.run_dir, "logs")  # engine<k>.log
     if cfg.rollout_backend == "hf":
         from rlhfkit.rollout.hf_engine import create_hf_engines
 
