@@ -15,7 +15,7 @@ DESCRIPTION = ("Write one self-contained HTML page (inline SVG, no network) over
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlhfkit compare", description=DESCRIPTION,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="rlhfkit compare", description=DESCRIPTION,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_a", metavar="RUN_A", help="the first run folder (drawn in blue)")
     parser.add_argument("run_b", metavar="RUN_B", help="the second run folder (drawn in red)")

@@ -31,7 +31,7 @@ DEMO_FLAGS: dict[str, Any] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlhfkit demo", description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="rlhfkit demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pretrain", default="embedded:smollm2-135m-instruct", help="model to train")
     parser.add_argument("--steps", type=int, default=16, help="GRPO steps (8 prompts x 8 samples each)")

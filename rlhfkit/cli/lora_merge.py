@@ -16,7 +16,7 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlhfkit lora-merge", description=DESCRIPTION,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="rlhfkit lora-merge", description=DESCRIPTION,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--pretrain", "--model_path", dest="pretrain", required=True,
                         help="the base model the adapter was trained on (folder, hub name, .gguf, embedded:...)")

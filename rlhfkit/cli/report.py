@@ -14,7 +14,7 @@ DESCRIPTION = ("Write RUN_DIR/report.html: one self-contained HTML page (inline 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlhfkit report", description=DESCRIPTION,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="rlhfkit report", description=DESCRIPTION,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="run folder (the run's --run_dir): holds metrics.jsonl, "
                         "manifest.json and samples.jsonl")

@@ -13,7 +13,7 @@ DESCRIPTION = ("List the run folders under RUNS_DIR (folders with a metrics.json
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlhfkit runs", description=DESCRIPTION,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="rlhfkit runs", description=DESCRIPTION,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("runs_dir", metavar="RUNS_DIR", nargs="?", default="runs",
                         help="folder holding run folders (the parent of the runs' --run_dir)")

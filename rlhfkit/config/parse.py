@@ -69,7 +69,7 @@ def _resolve_hints(groups: list[type]) -> dict[str, Any]:
 
 def build_parser(command: str, groups: list[type], description: str = "") -> argparse.ArgumentParser:
     """One parser from the option groups; each group is an argparse argument group named after its docstring."""
-    parser = argparse.ArgumentParser(prog=f"rlhfkit {command}", description=description,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog=f"rlhfkit {command}", description=description,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--config", type=str, default=None, help="YAML file of flag: value pairs (CLI flags win)")
     seen: set[str] = set()

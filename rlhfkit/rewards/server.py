@@ -146,7 +146,8 @@ def parse_request(body: bytes) -> tuple[list[str], list[str] | None, list[Any] |
 
 def build_parser() -> argparse.ArgumentParser:
     """Flags of ``rlhfkit serve-rm`` (OpenRLHF's ``serve_rm`` names, plus the reward_func options)."""
-    p = argparse.ArgumentParser(prog="rlhfkit serve-rm", description="Serve a reward model or reward_func over HTTP.")
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="rlhfkit serve-rm",
+                                description="Serve a reward model or reward_func over HTTP.")
     p.add_argument("--reward_pretrain", default=None, help="reward model(s), comma-separated (combined per "
                    "--reward_combine)")
     p.add_argument("--remote_rm_url", default=None, help="a reward_func .py file or builtin:math|format|exact")

@@ -242,6 +242,10 @@ def _validate_algorithm_flags(cfg: Any) -> None:
         if cfg.init_kl_coef <= 0:
             raise ConfigError("--kl_target adapts the KL coefficient from --init_kl_coef, which is 0 (no reference "
                               "model, and 0 stays 0): set --init_kl_coef > 0")
+    if cfg.use_kl_loss and cfg.init_kl_coef <= 0:
+        raise ConfigError("--use_kl_loss adds init_kl_coef x KL(policy || reference) to the loss, but "
+                          f"--init_kl_coef is {cfg.init_kl_coef} (no reference model is loaded): set --init_kl_coef "
+                          "> 0, or drop --use_kl_loss")
     if cfg.use_unbiased_kl and not cfg.use_kl_loss:
         raise ConfigError("--use_unbiased_kl weights the KL loss: it goes with --use_kl_loss")
     if cfg.overlong_buffer_len is not None and not 0 < cfg.overlong_buffer_len <= cfg.generate_max_len:
