@@ -160,7 +160,7 @@ def start_engines(cfg: Any, path: str) -> tuple[list[Any], bool]:
 
     owns_ray = start_ray(cfg)
     apply_precision(cfg, "cuda" if cluster_has_gpus() else "cpu", touch_device=False)
-    log_dir = None if cfg.verbose else f"{cfg.output_path}.logs"  # the engines' own logs, beside the rows
+    log_dir = None if cfg.verbose or not cfg.output_path else f"{cfg.output_path}.logs"  # the engines' logs
     if cfg.eval_task == "generate":
         from rlhfkit.rollout.hf_engine import create_hf_engines
 

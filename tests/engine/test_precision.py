@@ -172,7 +172,7 @@ def test_starting_ray_probes_the_cpu_first(monkeypatch):
     monkeypatch.setattr(ray, "init", fake_init)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(RuntimeError, match="stop at Ray"):
-        setup.start_ray(SimpleNamespace(ray_address=None))
+        setup.start_ray(SimpleNamespace(ray_address=None, verbose=True))
     assert calls == ["probe", "ray"]
 
 def test_a_probe_on_a_busy_machine_is_not_cached_and_the_flags_decide(unpinned, monkeypatch):

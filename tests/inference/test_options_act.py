@@ -108,12 +108,15 @@ def test_engine_flags_reach_the_engines(tiny_model_dir, monkeypatch):
     assert n == 2 and len(engines) == 2
     assert kw == {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.5, "cpu_kv_cache_bytes": 64 << 20,
                   "enforce_eager": True, "enable_prefix_caching": True, "max_model_len": 120, "dtype": "bfloat16",
-                  "seed": 9}
+                  "seed": 9, "log_dir": f"{cfg.output_path}.logs"}  # no --verbose: engine<k>.log beside the rows
     assert seen["ray_address"] == "10.0.0.1:6379"
     hf = cfg_of(pretrain=tiny_model_dir, dataset="unused", eval_task="generate", vllm_num_engines=3,
                 param_dtype="fp32")
     batch.start_engines(hf, tiny_model_dir)
-    assert seen["hf"] == (3, {"dtype": "float32"})
+    assert seen["hf"] == (3, {"dtype": "float32", "log_dir": f"{hf.output_path}.logs"})
+    loud = cfg_of(pretrain=tiny_model_dir, dataset="unused", verbose=True)
+    batch.start_engines(loud, tiny_model_dir)
+    assert seen["vllm"][1]["log_dir"] is None  # --verbose: the engines' logs stay on Ray's stream (the console)
 
 
 def test_scoring_flags_reach_the_reward_source(tiny_model_dir, prompts_file, monkeypatch):

@@ -41,7 +41,8 @@ def test_nccl_on_a_cpu_cluster_fails_at_setup(ray_cluster, tiny_model_dir, tmp_p
     if ray_cluster.cluster_resources().get("GPU", 0) > 0:
         pytest.skip("the Ray cluster has GPUs")
     flags = {"pretrain": tiny_model_dir, "prompt_data": str(tmp_path / "p.jsonl"), "remote_rm_url": "builtin:math",
-             "vllm_sync_backend": "nccl", "run_dir": str(tmp_path / "run")}
+             "prompt_max_len": 128, "generate_max_len": 8, "vllm_sync_backend": "nccl",
+             "run_dir": str(tmp_path / "run")}
     with pytest.raises(ConfigError, match="--vllm_sync_backend nccl needs GPUs.*gloo"):
         build_setup(parse_config("ppo", RL_GROUPS, flags_to_argv(flags)))
 
