@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from rlhfkit.agents.environment import AgentError, AgentSpec
+from rlhfkit.agents.executor import AgentRollout
 from rlhfkit.rollout.dispatch import generate_on_engines
 from rlhfkit.rollout.types import FinishReason, RolloutSample, SamplingConfig
 
@@ -264,20 +265,9 @@ class EndpointServer:
                           "total_tokens": len(call.prompt_ids) + len(call.sampled)}}
 
 
-@dataclass
-class EndpointRollout:
-    samples: list[RolloutSample]
-    rewards: torch.Tensor
-    scores: torch.Tensor
-    texts: list[str]
-    extra_logs: dict[str, torch.Tensor]
-    generation_seconds: float
-    environment_seconds: float
-
-
 def run_endpoint_episodes(engines: Sequence[Any], prompts: list[dict[str, Any]], sampling: SamplingConfig,
                           agent: AgentSpec, tokenizer: Any, action_max_len: int | None = None,
-                          generate: Callable = generate_on_engines) -> EndpointRollout:
+                          generate: Callable = generate_on_engines) -> AgentRollout:
     """Run `sampling.n` episodes of `agent.run_agent` per prompt concurrently against one loopback endpoint."""
     rows = [(i, j, p) for i, p in enumerate(prompts) for j in range(sampling.n)]
     logs = [EpisodeLog(r) for r in range(len(rows))]
@@ -311,7 +301,7 @@ def run_endpoint_episodes(engines: Sequence[Any], prompts: list[dict[str, Any]],
         samples.append(RolloutSample(i, j, log.prompt_ids, log.tokens, log.logprobs, finish,
                                      {"turns": len(log.calls)}, log.mask))
     rewards_t = torch.tensor([float(r) for r in rewards], dtype=torch.float32)
-    return EndpointRollout(
+    return AgentRollout(
         samples=samples, rewards=rewards_t, scores=rewards_t.clone(),
         texts=[tokenizer.decode(log.tokens, skip_special_tokens=True) for log in logs],
         extra_logs={"calls": torch.tensor([float(len(log.calls)) for log in logs])},
