@@ -55,9 +55,9 @@ def _ray_start(args: list[str], env: dict[str, str]) -> None:
         raise RuntimeError(f"ray start {' '.join(args)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
 
 
-def _node_ports(names: tuple[str, ...]) -> list[str]:
-    ports = free_ports(len(names))
-    return [arg for name, port in zip(names, ports) for arg in (f"--{name}", str(port))]
+def _node_ports(names: tuple[str, ...], ports: list[int] | None = None) -> list[str]:
+    ports = ports or free_ports(len(names))
+    return [arg for name, port in zip(names, ports, strict=True) for arg in (f"--{name}", str(port))]
 
 
 PER_NODE_PORTS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
@@ -87,7 +87,9 @@ def start_cluster(nodes=NODES, dashboard: bool = True) -> LocalCluster:
     env = {**os.environ, "RAY_TMPDIR": temp_dir, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
            "PATH": path}
     env.pop("RAY_ADDRESS", None)
-    gcs_port, dashboard_port, client_port = free_ports(3)
+    # all of the head's ports from one call: separate calls could hand out the same port twice (seen in CI: the
+    # GCS port equal to the node manager's)
+    gcs_port, dashboard_port, client_port, *head_ports = free_ports(3 + len(PER_NODE_PORTS))
     start = time.perf_counter()
     cluster = LocalCluster(temp_dir, "", "", env)
     try:
@@ -95,7 +97,7 @@ def start_cluster(nodes=NODES, dashboard: bool = True) -> LocalCluster:
         _ray_start(["--head", "--port", str(gcs_port), "--temp-dir", temp_dir, "--num-cpus", str(head_cpus),
                     "--resources", json.dumps({head: 1}), f"--include-dashboard={str(dashboard).lower()}",
                     "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
-                    "--ray-client-server-port", str(client_port), *_node_ports(PER_NODE_PORTS)], env)
+                    "--ray-client-server-port", str(client_port), *_node_ports(PER_NODE_PORTS, head_ports)], env)
         nodes_seen = cluster_nodes(f"127.0.0.1:{gcs_port}", env, 1)
         ip = nodes_seen[0]["NodeManagerAddress"]  # Ray puts a node started on loopback on the machine's address
         cluster.gcs_address, cluster.dashboard_url = f"{ip}:{gcs_port}", f"http://127.0.0.1:{dashboard_port}"
