@@ -41,14 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.config.parse import ConfigError
+from rlhfkit.errors import AgentError, ConfigError
 
 AGENT_CLASS = "AgentInstance"
 RUN_AGENT = "run_agent"   # or: async def run_agent(base_url, prompt, label) -> reward (rlhfkit.agents.openai_server)
-
-
-class AgentError(RuntimeError):
-    """An environment misbehaved; the message names the file, the method, the episode and the turn."""
 
 
 @dataclass

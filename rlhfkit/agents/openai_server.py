@@ -37,18 +37,15 @@ from typing import Any
 
 import torch
 
-from rlhfkit.agents.environment import AgentError, AgentSpec
+from rlhfkit.agents.environment import AgentSpec
 from rlhfkit.agents.executor import AgentRollout
+from rlhfkit.errors import AgentError, DriftError
 from rlhfkit.rollout.dispatch import generate_on_engines
 from rlhfkit.rollout.types import FinishReason, RolloutSample, SamplingConfig
 
 TURN_STRIDE = 1_000_003
 MODEL_NAME = "rlhfkit-policy"
 _ROUTE = re.compile(r"^/episodes/(\d+)(/v1)?(/chat/completions|/completions|/models|/tokenize)/?$")
-
-
-class DriftError(ValueError):
-    """A call's prompt does not continue the episode's earlier prompt and sampled tokens."""
 
 
 @dataclass

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from rlhfkit.errors import ReportError
 from rlhfkit.observability.compare import write_compare
-from rlhfkit.observability.report import ReportError
 
 DESCRIPTION = ("Write one self-contained HTML page (inline SVG, no network) overlaying two runs: each run's summary "
                "(what ran, outcome, time per step, tokens/s), then one plot per metric both runs logged, A and B "

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from rlhfkit.config.parse import ConfigError
+from rlhfkit.errors import ConfigError
 
 DESCRIPTION = ("Merge a LoRA adapter folder (what `--lora_rank N --save_path DIR` writes) into its base model and "
                "write a plain HF folder that from_pretrained and vLLM load. The adapter's task_type picks a causal "

@@ -5,8 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from rlhfkit.config.parse import ConfigError
-from rlhfkit.data.errors import DataError
+from rlhfkit.errors import ConfigError, DataError
 
 COMMANDS = {
     "demo": "GRPO on the embedded SmolLM2-135M-Instruct (what `make demo` runs)",

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from rlhfkit.observability.report import ReportError, write_report
+from rlhfkit.errors import ReportError
+from rlhfkit.observability.report import write_report
 
 DESCRIPTION = ("Write RUN_DIR/report.html: one self-contained HTML page (inline SVG plots, no network) with the "
                "run's command, versions and hardware, plots of every logged metric, sample generations from the "

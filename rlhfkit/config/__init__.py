@@ -1,5 +1,5 @@
-"""Typed option groups, CLI/YAML parsing and validation."""
+"""Typed option groups, CLI/YAML parsing and validation. The error type is `rlhfkit.errors.ConfigError`."""
 
-from rlhfkit.config.parse import ConfigError, config_to_dict, parse_config
+from rlhfkit.config.parse import config_to_dict, parse_config
 
-__all__ = ["ConfigError", "config_to_dict", "parse_config"]
+__all__ = ["config_to_dict", "parse_config"]

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from rlhfkit.errors import ConfigError
+
 # DeepSpeed internals that have no meaning under FSDP2: rejected with a reason instead of silently ignored.
 REJECTED_FLAGS: dict[str, str] = {
     "zpg": "ZeRO++ partition groups are DeepSpeed-only; FSDP2 shards over the whole data-parallel group",
@@ -42,10 +44,6 @@ COMMAND_REJECTED_FLAGS: dict[str, dict[str, str]] = {
         "full_determinism": "not implemented for the Ray workers of ppo; drop the flag (runs are seeded by --seed)",
     },
 }
-
-
-class ConfigError(ValueError):
-    """A flag or config-file problem; the message names the flag and what to do."""
 
 
 def _flag_type(tp: Any) -> tuple[Any, str | None]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhfkit.config.parse import ConfigError
+from rlhfkit.errors import ConfigError
 
 
 def require(cfg: Any, *names: str) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhfkit.data.errors import DataError
 from rlhfkit.data.formatting import PROMPT, TARGET, TURN, Segment
+from rlhfkit.errors import DataError
 
 KEPT, TRUNCATED, DROPPED = "kept", "truncated", "dropped"
 

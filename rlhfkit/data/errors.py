@@ -5,15 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rlhfkit.errors import DataError
+
 #: Columns the readers add to every row so that later errors can name the file and row.
 SOURCE_COLUMN = "_source"
 ROW_COLUMN = "_row"
 LINE_COLUMN = "_line"
 PROVENANCE_COLUMNS = (SOURCE_COLUMN, ROW_COLUMN, LINE_COLUMN)
-
-
-class DataError(ValueError):
-    """Bad input data or data flags. The message names the file, the line/row and what to do."""
 
 
 def where(row: Mapping[str, Any]) -> str:

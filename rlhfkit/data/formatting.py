@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rlhfkit.data.errors import PROVENANCE_COLUMNS, DataError, row_error
+from rlhfkit.data.errors import PROVENANCE_COLUMNS, row_error
+from rlhfkit.errors import DataError
 
 PROMPT, TARGET, TURN = "prompt", "target", "turn"
 Segment = tuple[str, str]

@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 
 from rlhfkit.data.encoding import DROPPED, KEPT, TRUNCATED, Encoder, count, new_stats
-from rlhfkit.data.errors import DataError, row_error
+from rlhfkit.data.errors import row_error
 from rlhfkit.data.formatting import apply_input_template, get_field, require_text
+from rlhfkit.errors import DataError
 
 logger = logging.getLogger(__name__)
 

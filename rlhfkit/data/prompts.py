@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rlhfkit.data.encoding import DROPPED, KEPT, Encoder, count, new_stats
-from rlhfkit.data.errors import DataError
 from rlhfkit.data.formatting import format_prompt, get_field
+from rlhfkit.errors import DataError
 
 logger = logging.getLogger(__name__)
 

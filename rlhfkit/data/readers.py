@@ -15,7 +15,8 @@ from collections.abc import Sequence
 import datasets
 import numpy as np
 
-from rlhfkit.data.errors import LINE_COLUMN, PROVENANCE_COLUMNS, ROW_COLUMN, SOURCE_COLUMN, DataError
+from rlhfkit.data.errors import LINE_COLUMN, PROVENANCE_COLUMNS, ROW_COLUMN, SOURCE_COLUMN
+from rlhfkit.errors import DataError
 
 logger = logging.getLogger(__name__)
 

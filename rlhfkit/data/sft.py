@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhfkit.data.encoding import DROPPED, Encoder, count, fit_to_length, new_stats
-from rlhfkit.data.errors import DataError
 from rlhfkit.data.formatting import (
     PROMPT,
     TARGET,
@@ -32,6 +31,7 @@ from rlhfkit.data.formatting import (
     require_text,
     to_messages,
 )
+from rlhfkit.errors import DataError
 
 logger = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ def shard_model(model: nn.Module, *, zero_stage: int, device: torch.device, para
 
     if is_4bit(model):  # --load_in_4bit: FSDP2 cannot shard bitsandbytes' packed Params4bit (see docs/models.md)
         if world > 1:
-            from rlhfkit.config.parse import ConfigError
+            from rlhfkit.errors import ConfigError
 
             raise ConfigError(f"--load_in_4bit trains on one rank only ({world} here): FSDP2 cannot shard "
                               "bitsandbytes 4-bit weights; run one process, or drop --load_in_4bit")

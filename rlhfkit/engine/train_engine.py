@@ -75,7 +75,7 @@ class TrainEngine:
 
 def _router_aux_loss(model: nn.Module, coef: float) -> Any:
     """--aux_loss_coef > 0: the hooks that capture each training forward's router load-balancing loss (MoE only)."""
-    from rlhfkit.config.parse import ConfigError
+    from rlhfkit.errors import ConfigError
     from rlhfkit.models.moe import RouterAuxLoss, is_moe
 
     if coef < 0:

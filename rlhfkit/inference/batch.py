@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.config.parse import ConfigError
 from rlhfkit.data.errors import row_error
 from rlhfkit.data.formatting import get_field
 from rlhfkit.data.prompts import build_prompt_samples
 from rlhfkit.data.readers import blend_datasets
+from rlhfkit.errors import ConfigError
 from rlhfkit.inference.postprocess import get_post_processor
 from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_ids
 from rlhfkit.rollout.dispatch import generate_on_engines

@@ -8,7 +8,8 @@ import os
 from html import escape
 from pathlib import Path
 
-from rlhfkit.observability.report import CSS, PAGE_ORDER, SECTIONS, ReportError, section_of
+from rlhfkit.errors import ReportError
+from rlhfkit.observability.report import CSS, PAGE_ORDER, SECTIONS, section_of
 from rlhfkit.observability.runfiles import RunMetrics, read_json, read_metrics
 from rlhfkit.observability.summary import outcome_line, perf_line, summarize, time_line, what_ran
 from rlhfkit.observability.svg import PALETTE, Series, line_plot

@@ -17,16 +17,13 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.errors import ReportError
 from rlhfkit.observability.runfiles import RunMetrics, _number, read_json, read_metrics, read_samples
 from rlhfkit.observability.summary import flat_zero_metrics, summarize, summary_html
 from rlhfkit.observability.svg import PALETTE, Series, format_number, is_finite, line_plot
 
 REPORT_NAME = "report.html"
 MAX_TEXT_CHARS = 4000           # longer prompts/responses are cut in the samples table (the rest is counted)
-
-
-class ReportError(ValueError):
-    """The run folder cannot be reported on (it does not exist, or has no metrics.jsonl)."""
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlparse
 
+from rlhfkit.errors import RemoteRewardError
 from rlhfkit.rewards.base import (
-    RewardError,
     RewardOutput,
     check_batch,
     concat_outputs,
@@ -38,10 +38,6 @@ from rlhfkit.rewards.base import (
 TOKEN_ENV = "RLHFKIT_RM_TOKEN"
 ENDPOINT = "/get_reward"
 _RETRY_STATUS = {408, 429}
-
-
-class RemoteRewardError(RewardError):
-    """A reward server could not give valid rewards; names the URL, the attempts and the last error."""
 
 
 class _Attempt(Exception):

@@ -40,9 +40,9 @@ from typing import Any
 
 import torch
 
+from rlhfkit.errors import RewardFuncError
 from rlhfkit.rewards.base import (
     ERROR_POLICIES,
-    RewardError,
     RewardOutput,
     check_batch,
     concat_outputs,
@@ -58,10 +58,6 @@ DEFAULT_TIMEOUT = 60.0
 FAILED_KEY, ERROR_KEY = "reward_failed", "reward_error"
 FILE_SHAPE = ("a reward file must define `def reward_func(queries, prompts, labels)` returning "
               "{'rewards': [...], 'scores': [...], 'extra_logs': {...}}")
-
-
-class RewardFuncError(RewardError):
-    """A reward function failed; the message names ``file:function`` and the sample."""
 
 
 class _CallFailed(Exception):

@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from rlhfkit.rewards.base import RewardError, RewardSource, check_batch
+from rlhfkit.errors import RewardError
+from rlhfkit.rewards.base import RewardSource, check_batch
 from rlhfkit.rewards.remote import ENDPOINT, TOKEN_ENV
 from rlhfkit.rewards.reward_func import DEFAULT_TIMEOUT
 from rlhfkit.rewards.sources import build_reward_source

@@ -46,7 +46,8 @@ from typing import Any
 
 import torch
 
-from rlhfkit.config.parse import ConfigError, config_to_dict
+from rlhfkit.config.parse import config_to_dict
+from rlhfkit.errors import ConfigError
 
 
 def dump_steps(values: list[str] | None) -> set[int] | str | None:

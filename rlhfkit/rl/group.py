@@ -46,7 +46,7 @@ def make_placement_group(num_nodes: int, gpus_per_node: int, cpus_per_bundle: fl
     bundles, strategy = placement_bundles(num_nodes, gpus_per_node, cpus_per_bundle, cluster_has_gpus())
     alive = sum(node["Alive"] for node in ray.nodes())
     if strategy == "STRICT_SPREAD" and alive < num_nodes:  # Ray would wait for the nodes forever
-        from rlhfkit.config.parse import ConfigError
+        from rlhfkit.errors import ConfigError
 
         raise ConfigError(f"{num_nodes} nodes asked for (--*_num_nodes) but this Ray cluster has {alive}: on one "
                           f"node use --*_num_nodes 1 --*_num_gpus_per_node {num_nodes * gpus_per_node} (same ranks)")

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from rlhfkit.config.parse import ConfigError, config_to_dict
+from rlhfkit.config.parse import config_to_dict
+from rlhfkit.errors import ConfigError
 from rlhfkit.observability.console import print_derived_table, progress_bar
 from rlhfkit.observability.metrics import MetricsLogger
 from rlhfkit.observability.mfu import mfu
@@ -82,6 +83,8 @@ def train_on_experience(s: RLSetup, exp: Experience, step: int,
         order = torch.randperm(rows, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 97 + epoch))
         for start in range(0, rows, cfg.train_batch_size):
             index = order[start:start + cfg.train_batch_size]
+            if cfg.packing_samples:  # a prompt's samples on one rank, so its packed micro-batch computes it once
+                index = index[torch.argsort(exp.prompt_index[index], stable=True)]
             mini = exp.select(index)
             num_tokens = float(mini.action_mask.sum().clamp(min=1))
             kl_coef = kl_coefficient(s)

@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.config.parse import ConfigError
+from rlhfkit.errors import ConfigError
 
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 

@@ -19,11 +19,12 @@ import torch
 from rlhfkit.agents.environment import AgentSpec, load_agent
 from rlhfkit.algorithms.advantages import GROUP_ESTIMATORS
 from rlhfkit.algorithms.rewards import AdaptiveKLController, FixedKLController
-from rlhfkit.config.parse import ConfigError, config_to_dict
+from rlhfkit.config.parse import config_to_dict
 from rlhfkit.config.validate import require
 from rlhfkit.data.prompts import build_prompt_samples
 from rlhfkit.data.readers import blend_datasets
 from rlhfkit.engine.precision import apply_precision, cpu_matmul_rates
+from rlhfkit.errors import ConfigError
 from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_ids
 from rlhfkit.observability.mfu import FlopModel
 from rlhfkit.observability.placement import collect_whereabouts, record_placement

@@ -23,16 +23,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from rlhfkit.errors import WeightSyncMismatch
+
 log = logging.getLogger("rlhfkit")
 
 FP32_BOUND = 1e-3
 HALF_BOUND = 5e-2
 PROBE_PROMPT_TOKENS = 48
 PROBE_RESPONSE_TOKENS = 16
-
-
-class WeightSyncMismatch(RuntimeError):
-    """An engine's log-probs differ from the trainer's by more than the bound after weights were loaded."""
 
 
 def default_bound(trainer_dtype: str, engine_dtype: str) -> float:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhfkit.config.parse import ConfigError
+from rlhfkit.errors import ConfigError
 from rlhfkit.rl.group import ModelGroup
 from rlhfkit.rollout.types import SyncStats
 from rlhfkit.rollout.weight_sync import sync_weights

@@ -232,7 +232,7 @@ def dpo_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
 
 
 def validate_dpo(cfg: Any) -> None:
-    from rlhfkit.config.parse import ConfigError
+    from rlhfkit.errors import ConfigError
 
     if cfg.beta <= 0:
         raise ConfigError(f"--beta must be > 0, got {cfg.beta}")

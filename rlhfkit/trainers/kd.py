@@ -18,10 +18,10 @@ from torch import nn
 from transformers import AutoConfig
 
 from rlhfkit.algorithms.supervised import distillation_loss, masked_lm_loss
-from rlhfkit.config.parse import ConfigError
 from rlhfkit.data.collate import model_inputs
 from rlhfkit.data.sft import build_sft_samples
 from rlhfkit.engine.distributed import DistInfo
+from rlhfkit.errors import ConfigError
 from rlhfkit.models.loading import resolve_pretrain
 from rlhfkit.trainers.dpo import load_frozen_causal_lm, model_device, to_device
 from rlhfkit.trainers.loop import OfflineMethod

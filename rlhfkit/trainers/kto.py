@@ -125,7 +125,7 @@ def kto_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
 
 
 def validate_kto(cfg: Any) -> None:
-    from rlhfkit.config.parse import ConfigError
+    from rlhfkit.errors import ConfigError
 
     if cfg.beta <= 0:
         raise ConfigError(f"--beta must be > 0, got {cfg.beta}")

@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhfkit.config.parse import ConfigError
 from rlhfkit.config.validate import validate_batch_sizes
 from rlhfkit.engine.checkpoint import load_checkpoint, save_checkpoint, save_hf_folder
 from rlhfkit.engine.distributed import DistInfo, all_reduce_sum
 from rlhfkit.engine.train_engine import TrainEngine
+from rlhfkit.errors import ConfigError
 from rlhfkit.observability.console import print_derived_table, progress_bar
 from rlhfkit.observability.metrics import MetricsLogger
 

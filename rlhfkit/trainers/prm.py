@@ -92,7 +92,7 @@ def prm_step_scores(model: nn.Module, tokenizer: Any, texts: Sequence[str], *, p
 
 
 def validate_prm(cfg: Any) -> None:
-    from rlhfkit.config.parse import ConfigError
+    from rlhfkit.errors import ConfigError
 
     if not cfg.placeholder_token:
         raise ConfigError("--placeholder_token is required for 'rlhfkit prm' (the token that ends each step)")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rlhfkit.agents.environment import AgentError, call_all, load_agent, parse_reset, parse_step
-from rlhfkit.config.parse import ConfigError
+from rlhfkit.agents.environment import call_all, load_agent, parse_reset, parse_step
+from rlhfkit.errors import AgentError, ConfigError
 
 HERE = Path(__file__).parent
 

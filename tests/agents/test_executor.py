@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlhfkit.agents.environment import AgentError, load_agent
+from rlhfkit.agents.environment import load_agent
 from rlhfkit.agents.executor import run_episodes
+from rlhfkit.errors import AgentError
 from rlhfkit.rl.experience import build_experience
 from rlhfkit.rollout.dispatch import generate_on_engines
 from rlhfkit.rollout.types import SamplingConfig

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from ppo_helpers import run, series
 
-from rlhfkit.agents.environment import AgentError, load_agent
+from rlhfkit.agents.environment import load_agent
 from rlhfkit.agents.openai_server import run_endpoint_episodes
+from rlhfkit.errors import AgentError
 from rlhfkit.rollout.types import SamplingConfig
 
 HERE = Path(__file__).parent

@@ -273,8 +273,8 @@ def test_the_endpoint_keeps_sampled_ids_or_refuses_naming_the_call(templated, na
     dropped, Llama-3's trim), the episode is refused naming the call, never silently re-tokenised."""
     from openai import AsyncOpenAI
 
-    from rlhfkit.agents.environment import AgentError
     from rlhfkit.agents.openai_server import run_endpoint_episodes
+    from rlhfkit.errors import AgentError
 
     tok, stop_id = templated[name]
     seen: set[bool] = set()

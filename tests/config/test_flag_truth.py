@@ -8,8 +8,9 @@ import importlib
 import pytest
 
 from rlhfkit.config.docs import module_name
-from rlhfkit.config.parse import ConfigError, parse_config
+from rlhfkit.config.parse import parse_config
 from rlhfkit.config.rl_options import RL_GROUPS
+from rlhfkit.errors import ConfigError
 from rlhfkit.rl.setup import validate_rl
 
 PPO = ["--pretrain", "m", "--prompt_data", "p", "--remote_rm_url", "builtin:format"]

@@ -1,8 +1,9 @@
 import pytest
 
 from rlhfkit.config.options import COMMON_TRAIN_GROUPS, SFTOptions
-from rlhfkit.config.parse import ConfigError, parse_config
+from rlhfkit.config.parse import parse_config
 from rlhfkit.config.validate import validate_batch_sizes, validate_common
+from rlhfkit.errors import ConfigError
 
 GROUPS = [SFTOptions, *COMMON_TRAIN_GROUPS]
 

@@ -14,12 +14,12 @@ import torch
 
 from rlhfkit.data import readers
 from rlhfkit.data.collate import pack_samples, split_by_token_budget
-from rlhfkit.data.errors import DataError
 from rlhfkit.data.formatting import format_prompt, last_assistant_split, render_chat
 from rlhfkit.data.preference import build_preference_samples
 from rlhfkit.data.prompts import build_prompt_samples
 from rlhfkit.data.readers import load_dataset_spec
 from rlhfkit.data.unpaired import build_unpaired_samples, parse_label
+from rlhfkit.errors import DataError
 
 
 def test_a_budget_of_one_token_is_valid():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlhfkit.data.errors import DataError
 from rlhfkit.data.preference import build_preference_samples
+from rlhfkit.errors import DataError
 
 
 def pairs(rows, tokenizer, **kw):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from rlhfkit.data.encoding import Encoder
-from rlhfkit.data.errors import DataError
 from rlhfkit.data.process import IGNORE, ProcessLabels, build_process_samples, encode_steps, single_token_id
+from rlhfkit.errors import DataError
 
 MARK = "§"
 

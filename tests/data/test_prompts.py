@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlhfkit.data.errors import DataError
 from rlhfkit.data.prompts import build_prompt_samples
+from rlhfkit.errors import DataError
 
 
 def prompts(rows, tokenizer, **kw):

@@ -9,8 +9,9 @@ import datasets
 import pandas as pd
 import pytest
 
-from rlhfkit.data.errors import DataError, where
+from rlhfkit.data.errors import where
 from rlhfkit.data.readers import blend_datasets, load_dataset_spec
+from rlhfkit.errors import DataError
 
 ROWS = [{"input": f"q{i}", "output": f"a{i}"} for i in range(4)]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlhfkit.data.errors import DataError
 from rlhfkit.data.sft import build_sft_samples
+from rlhfkit.errors import DataError
 
 TEMPLATE = "User: {}\nAssistant: "
 CONV = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"},

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlhfkit.data.errors import DataError
 from rlhfkit.data.unpaired import build_unpaired_samples
+from rlhfkit.errors import DataError
 
 
 def kto(rows, tokenizer, **kw):

@@ -10,8 +10,9 @@ import pytest
 from letters_reward import reward_func as letters_reward_func
 
 from rlhfkit.config.inference_options import INFERENCE_GROUPS
-from rlhfkit.config.parse import ConfigError, flags_to_argv, parse_config
+from rlhfkit.config.parse import flags_to_argv, parse_config
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
+from rlhfkit.errors import ConfigError
 from rlhfkit.inference.batch import run_batch_inference
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,8 @@ import re
 import pytest
 
 from rlhfkit.cli.report import main as report_main
-from rlhfkit.observability.report import REPORT_NAME, ReportError, read_metrics, section_of, write_report
+from rlhfkit.errors import ReportError
+from rlhfkit.observability.report import REPORT_NAME, read_metrics, section_of, write_report
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from rlhfkit.rewards.remote import RemoteRewardClient, RemoteRewardError, shard_bounds
+from rlhfkit.errors import RemoteRewardError
+from rlhfkit.rewards.remote import RemoteRewardClient, shard_bounds
 from rlhfkit.rewards.reward_func import RewardFuncSource
 from rlhfkit.rewards.server import RewardServer, build_server
 

@@ -9,7 +9,8 @@ import time
 import pytest
 import torch
 
-from rlhfkit.rewards.reward_func import RewardFuncError, RewardFuncSource, load_reward_func
+from rlhfkit.errors import RewardFuncError
+from rlhfkit.rewards.reward_func import RewardFuncSource, load_reward_func
 
 QUERIES = ["Q: 1+1? A: 2", "Q: 2+2? A: 4", "Q: bad? A: boom", "Q: 3+3? A: 6"]
 PROMPTS = ["Q: 1+1? A:", "Q: 2+2? A:", "Q: bad? A:", "Q: 3+3? A:"]

@@ -6,8 +6,9 @@ from fractions import Fraction
 
 import pytest
 
+from rlhfkit.errors import RewardFuncError
 from rlhfkit.rewards.base import response_of
-from rlhfkit.rewards.reward_func import RewardFuncError, RewardFuncSource
+from rlhfkit.rewards.reward_func import RewardFuncSource
 from rlhfkit.rewards.verifiers import (
     extract_answer,
     extract_boxed,

@@ -14,7 +14,7 @@ import pytest
 import torch
 from ppo_helpers import run
 
-from rlhfkit.config.parse import ConfigError
+from rlhfkit.errors import ConfigError
 from rlhfkit.rl.debug_dump import dump_steps
 
 pytestmark = pytest.mark.slow

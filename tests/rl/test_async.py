@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from ppo_helpers import run, series
 
-from rlhfkit.config.parse import ConfigError
+from rlhfkit.errors import ConfigError
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent

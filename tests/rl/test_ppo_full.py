@@ -14,9 +14,10 @@ import torch
 from ppo_helpers import run, series
 from uppercase_rm import train_reward_model
 
-from rlhfkit.config.parse import ConfigError, config_to_dict, parse_config
+from rlhfkit.config.parse import config_to_dict, parse_config
 from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.data.synthetic import write_jsonl
+from rlhfkit.errors import ConfigError
 from rlhfkit.rl.colocation import Phases
 from rlhfkit.rl.reward_group import reward_batch
 from rlhfkit.rl.setup import _check_reward_tokenizers, _resume, validate_rl

@@ -11,7 +11,8 @@ import rlhfkit.rl.preflight as preflight
 import rlhfkit.rl.setup as setup
 from rlhfkit.cli.main import main as cli
 from rlhfkit.cli.ppo import GROUPS
-from rlhfkit.config.parse import ConfigError, flags_to_argv, parse_config
+from rlhfkit.config.parse import flags_to_argv, parse_config
+from rlhfkit.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

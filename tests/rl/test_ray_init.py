@@ -10,7 +10,7 @@ import pytest
 from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 from ray.runtime_env.runtime_env import _merge_runtime_env
 
-from rlhfkit.config.parse import ConfigError
+from rlhfkit.errors import ConfigError
 from rlhfkit.rl.group import bundle_index, make_placement_group, placement_bundles
 from rlhfkit.rl.setup import ENGINE_ENV, WORKER_ENV, ray_init_kwargs
 

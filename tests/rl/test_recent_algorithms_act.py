@@ -11,8 +11,9 @@ import torch
 from ppo_helpers import run, series
 from test_algorithm_options_act import ONE_STEP, close, differs, f64, group_ref, kl_ref, load_dump, micro_batches
 
-from rlhfkit.config.parse import ConfigError, flags_to_argv, parse_config
+from rlhfkit.config.parse import flags_to_argv, parse_config
 from rlhfkit.config.rl_options import RL_GROUPS
+from rlhfkit.errors import ConfigError
 from rlhfkit.rl.setup import validate_rl
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from rlhfkit.config.parse import flags_to_argv, parse_config
 from rlhfkit.config.rl_options import RL_GROUPS
-from rlhfkit.rl.sync_check import FP32_BOUND, HALF_BOUND, SyncCheck, WeightSyncMismatch, default_bound
+from rlhfkit.errors import WeightSyncMismatch
+from rlhfkit.rl.sync_check import FP32_BOUND, HALF_BOUND, SyncCheck, default_bound
 
 
 @pytest.mark.parametrize(("trainer", "engine", "bound"), [

@@ -10,8 +10,9 @@ import pytest
 import torch
 from moe_reference import reference_aux_loss
 
-from rlhfkit.config.parse import ConfigError, flags_to_argv
+from rlhfkit.config.parse import flags_to_argv
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
+from rlhfkit.errors import ConfigError
 
 pytestmark = pytest.mark.slow
 

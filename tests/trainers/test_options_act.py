@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlhfkit.config.parse import ConfigError, flags_to_argv
+from rlhfkit.config.parse import flags_to_argv
 from rlhfkit.data.synthetic import echo_rows, preference_rows, process_rows, unpaired_rows, write_jsonl
+from rlhfkit.errors import ConfigError
 
 ROWS = {"sft": echo_rows, "kd": echo_rows, "rm": preference_rows, "dpo": preference_rows, "kto": unpaired_rows,
         "prm": lambda n, seed: process_rows(n, seed=seed, steps=(1, 3))}

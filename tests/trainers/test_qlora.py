@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlhfkit.config.parse import ConfigError, flags_to_argv
+from rlhfkit.config.parse import flags_to_argv
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
+from rlhfkit.errors import ConfigError
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,43 @@
+"""The error types of rlhfkit, in one leaf module that every layer may import (it imports nothing of ours).
+
+Each message says what was wrong, where (flag, file, line, key, sample) and what to do. The command line
+(`rlhfkit.cli.main`) turns a `ConfigError` or a `DataError` into `rlhfkit <command>: error: ...` and exit status 2.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A flag or config-file problem; the message names the flag and what to do."""
+
+
+class DataError(ValueError):
+    """Bad input data or data flags. The message names the file, the line/row and what to do."""
+
+
+class RewardError(RuntimeError):
+    """A reward could not be computed; the message names the source and, where known, the sample."""
+
+
+class RewardFuncError(RewardError):
+    """A reward function failed; the message names ``file:function`` and the sample."""
+
+
+class RemoteRewardError(RewardError):
+    """A reward server could not give valid rewards; names the URL, the attempts and the last error."""
+
+
+class AgentError(RuntimeError):
+    """An environment misbehaved; the message names the file, the method, the episode and the turn."""
+
+
+class DriftError(ValueError):
+    """A call's prompt does not continue the episode's earlier prompt and sampled tokens."""
+
+
+class WeightSyncMismatch(RuntimeError):
+    """An engine's log-probs differ from the trainer's by more than the bound after weights were loaded."""
+
+
+class ReportError(ValueError):
+    """The run folder cannot be reported on (it does not exist, or has no metrics.jsonl)."""
