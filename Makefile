@@ -41,7 +41,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check rlhfkit tests benchmarks examples
 
 docs: $(STAMP)
-	$(PY) -m rlhfkit.config.docs
+	$(PY) -m rlhfkit.cli.docs
 
 bench: $(STAMP)
 	$(PY) benchmarks/sft.py

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-from rlhfkit.config.docs import module_name
+from rlhfkit.cli.docs import module_name
 from rlhfkit.config.parse import parse_config
 from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.errors import ConfigError

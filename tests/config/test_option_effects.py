@@ -7,7 +7,7 @@ import ast
 import functools
 from pathlib import Path
 
-from rlhfkit.config.docs import command_flags, commands
+from rlhfkit.cli.docs import command_flags, commands
 from rlhfkit.config.effects import NoEffect, Tested, effect_of, registry
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,10 +85,10 @@ def test_no_entry_is_stale():
 
 
 def test_the_options_page_is_up_to_date_and_counts_every_option():
-    from rlhfkit.config import docs
+    from rlhfkit.cli import docs
 
     assert not docs.options_page_stale(), ("docs/options.md is out of date: run `make docs` "
-                                           "(python -m rlhfkit.config.docs) and commit it")
+                                           "(python -m rlhfkit.cli.docs) and commit it")
     text = docs.render_options()
     total = sum(len(flags) for flags in _all_flags().values())
     assert f"of {total} options**" in text

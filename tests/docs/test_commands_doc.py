@@ -8,11 +8,11 @@ import types
 
 import pytest
 
-from rlhfkit.config import docs
+from rlhfkit.cli import docs
 from rlhfkit.config.options import opt
 from rlhfkit.config.parse import build_parser
 
-HOW_TO_FIX = "run `make docs` (python -m rlhfkit.config.docs) and commit docs/commands/"
+HOW_TO_FIX = "run `make docs` (python -m rlhfkit.cli.docs) and commit docs/commands/"
 
 
 @pytest.fixture(scope="module")
