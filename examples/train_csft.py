@@ -6,7 +6,7 @@
 The data (`rlhfkit.data.synthetic.conditioned_rows`) pairs "Describe the <topic>." with "great <topic>" when its
 `rm_score` is 5.0 and "poor <topic>" when it is 0.0. `rlhfkit sft --csft_keys rm_score --apply_chat_template` puts
 each row's score into a system message `<rm_score>: 5.00` before the prompt; at generation time the same system
-message (built with `rlhfkit.trainers.sft.csft_prompt`) asks for the quality wanted. The script prints the greedy
+message (built with `rlhfkit.data.csft.csft_prompt`) asks for the quality wanted. The script prints the greedy
 answers for both scores: the condition, not the prompt, decides between "great" and "poor".
 """
 
@@ -27,8 +27,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from rlhfkit.cli.sft import main as sft_main
+    from rlhfkit.data.csft import csft_prompt
     from rlhfkit.data.synthetic import TOPICS, conditioned_rows, write_jsonl
-    from rlhfkit.trainers.sft import csft_prompt
 
     run = Path(args.run)
     data = write_jsonl(conditioned_rows(64, seed=1), run / "data" / "train.jsonl")

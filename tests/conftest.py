@@ -69,7 +69,7 @@ def ray_cluster():
     import ray
 
     if not ray.is_initialized():
-        from rlhfkit.rl.setup import WORKER_ENV
+        from rlhfkit.launch.ray_cluster import WORKER_ENV
 
         ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
                  runtime_env={"env_vars": WORKER_ENV})

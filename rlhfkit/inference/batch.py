@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.data.csft import condition_row
 from rlhfkit.data.errors import row_error
 from rlhfkit.data.formatting import get_field
 from rlhfkit.data.prompts import build_prompt_samples
@@ -64,7 +65,7 @@ def run_batch_inference(cfg: Any, engines: list[Any] | None = None) -> dict[str,
     """Do the task, write `--output_path` (atomically), return the stats. `engines`: running rollout engine actors
     to reuse (tests, notebooks); otherwise they are started (and stopped) here."""
     validate(cfg)
-    from rlhfkit.rl.preflight import preflight_batch_inference
+    from rlhfkit.launch.preflight import preflight_batch_inference
 
     preflight_batch_inference(cfg, engines)  # the model's context, the host, reward files: before Ray starts
     began = time.perf_counter()
@@ -110,8 +111,6 @@ def prompt_slice(cfg: Any, tokenizer: Any) -> tuple[list[dict], int]:
 
 def _csft(row: dict, cfg: Any) -> Any:
     """--enable_csft: the condition before the prompt, as `rlhfkit sft --csft_keys` trained it."""
-    from rlhfkit.trainers.sft import condition_row
-
     key = cfg.csft_prompt.split(">", 1)[0].lstrip("<") or "rm_score"
     value = cfg.csft_prompt.split(":", 1)[1].strip() if ":" in cfg.csft_prompt else cfg.csft_prompt
     return condition_row({**row, key: value}, [key], cfg.input_key, cfg.apply_chat_template)[cfg.input_key]
@@ -155,8 +154,7 @@ def generate(cfg: Any, engines: list[Any] | None, stats: dict[str, Any]) -> list
 
 def start_engines(cfg: Any, path: str) -> tuple[list[Any], bool]:
     from rlhfkit.engine.precision import apply_precision
-    from rlhfkit.rl.group import cluster_has_gpus
-    from rlhfkit.rl.setup import start_ray
+    from rlhfkit.launch.ray_cluster import cluster_has_gpus, start_ray
 
     owns_ray = start_ray(cfg)
     apply_precision(cfg, "cuda" if cluster_has_gpus() else "cpu", touch_device=False)

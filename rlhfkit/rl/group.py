@@ -12,14 +12,9 @@ from typing import Any
 
 import torch
 
+from rlhfkit.launch.ray_cluster import cluster_has_gpus
 from rlhfkit.rl.experience import split_rows
 from rlhfkit.rl.worker import ModelWorker
-
-
-def cluster_has_gpus() -> bool:
-    import ray
-
-    return ray.cluster_resources().get("GPU", 0) > 0
 
 
 def placement_bundles(num_nodes: int, gpus_per_node: int, cpus_per_bundle: float,

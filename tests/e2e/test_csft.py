@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rlhfkit.cli.sft import main as sft_main
+from rlhfkit.data.csft import condition_row, csft_prompt
 from rlhfkit.data.synthetic import conditioned_rows, write_jsonl
-from rlhfkit.trainers.sft import condition_row, csft_prompt
 
 pytestmark = pytest.mark.slow
 

@@ -159,7 +159,7 @@ def test_starting_ray_probes_the_cpu_first(monkeypatch):
     `start_ray` (ppo and batch-inference) probes, cached, before it starts Ray."""
     import ray
 
-    from rlhfkit.rl import setup
+    from rlhfkit.launch import ray_cluster
 
     calls = []
 
@@ -167,12 +167,12 @@ def test_starting_ray_probes_the_cpu_first(monkeypatch):
         calls.append("ray")
         raise RuntimeError("stop at Ray")
 
-    monkeypatch.setattr(setup, "cpu_matmul_rates", lambda: calls.append("probe"))
+    monkeypatch.setattr(ray_cluster, "cpu_matmul_rates", lambda: calls.append("probe"))
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", fake_init)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(RuntimeError, match="stop at Ray"):
-        setup.start_ray(SimpleNamespace(ray_address=None, verbose=True))
+        ray_cluster.start_ray(SimpleNamespace(ray_address=None, verbose=True))
     assert calls == ["probe", "ray"]
 
 def test_a_probe_on_a_busy_machine_is_not_cached_and_the_flags_decide(unpinned, monkeypatch):

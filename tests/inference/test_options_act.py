@@ -89,14 +89,14 @@ def test_sampling_and_tokenizer_flags_reach_generation(tiny_model_dir, prompts_f
 
 
 def test_engine_flags_reach_the_engines(tiny_model_dir, monkeypatch):
-    import rlhfkit.rl.group as group
-    import rlhfkit.rl.setup as setup
+    import rlhfkit.launch.ray_cluster as ray_cluster
     import rlhfkit.rollout.hf_engine as hf_engine
     import rlhfkit.rollout.vllm_engine as vllm_engine
 
     seen = {}
-    monkeypatch.setattr(setup, "start_ray", lambda cfg: seen.setdefault("ray_address", cfg.ray_address) and False)
-    monkeypatch.setattr(group, "cluster_has_gpus", lambda: False)
+    monkeypatch.setattr(ray_cluster, "start_ray",
+                        lambda cfg: seen.setdefault("ray_address", cfg.ray_address) and False)
+    monkeypatch.setattr(ray_cluster, "cluster_has_gpus", lambda: False)
     monkeypatch.setattr(vllm_engine, "create_vllm_engines",
                         lambda n, path, **kw: seen.update(vllm=(n, kw)) or ["engine"] * n)
     monkeypatch.setattr(hf_engine, "create_hf_engines", lambda n, path, **kw: seen.update(hf=(n, kw)) or ["e"] * n)

@@ -1,4 +1,4 @@
-"""Configuration errors of `rlhfkit ppo` raised before Ray or any engine starts (rlhfkit/rl/preflight.py): the
+"""Configuration errors of `rlhfkit ppo` raised before Ray or any engine starts (rlhfkit/launch/preflight.py): the
 context length against the model's max_position_embeddings, engines x TP against the host's devices, the KV cache
 against host RAM, and reward / agent .py files that do not import. The CLI tests make `start_ray` fail loudly, so a
 check that came too late would show."""
@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-import rlhfkit.rl.preflight as preflight
+import rlhfkit.launch.preflight as preflight
+import rlhfkit.launch.ray_cluster as ray_cluster
 import rlhfkit.rl.setup as setup
 from rlhfkit.cli.main import main as cli
 from rlhfkit.cli.ppo import GROUPS
@@ -31,7 +32,8 @@ def no_ray(monkeypatch):
     def refuse(cfg):
         raise AssertionError("Ray was started before the configuration error")
 
-    monkeypatch.setattr(setup, "start_ray", refuse)
+    monkeypatch.setattr(setup, "start_ray", refuse)        # ppo (imported into rl.setup)
+    monkeypatch.setattr(ray_cluster, "start_ray", refuse)  # batch-inference (imported when it starts engines)
 
 
 def _cfg(model: str, tmp_path, **flags):

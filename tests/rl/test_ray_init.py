@@ -11,8 +11,8 @@ from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 from ray.runtime_env.runtime_env import _merge_runtime_env
 
 from rlhfkit.errors import ConfigError
+from rlhfkit.launch.ray_cluster import ENGINE_ENV, WORKER_ENV, ray_init_kwargs
 from rlhfkit.rl.group import bundle_index, make_placement_group, placement_bundles
-from rlhfkit.rl.setup import ENGINE_ENV, WORKER_ENV, ray_init_kwargs
 
 LAPTOP_ONLY = ("VLLM_HOST_IP", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
