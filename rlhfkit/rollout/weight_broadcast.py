@@ -24,8 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rlhfkit.rollout.buckets import DEFAULT_BUCKET_BYTES, iter_buckets
 from rlhfkit.rollout.types import NamedTensors, SyncStats
-from rlhfkit.rollout.weight_sync import DEFAULT_BUCKET_BYTES, iter_buckets
 
 BROADCAST_BACKENDS = ("gloo", "nccl")
 DEFAULT_TIMEOUT_S = 600.0

@@ -7,9 +7,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rlhfkit.rollout.buckets import iter_buckets
 from rlhfkit.rollout.dispatch import shard_bounds
 from rlhfkit.rollout.types import RolloutSample, SamplingConfig
-from rlhfkit.rollout.weight_sync import iter_buckets, named_weights_for_sync
+from rlhfkit.rollout.weight_sync import named_weights_for_sync
 
 
 def test_sampling_config_from_flags():
