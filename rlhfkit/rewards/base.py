@@ -25,10 +25,6 @@ ERROR_POLICIES = ("raise", "zero")
 QUERY_PREVIEW_CHARS = 200
 
 
-class RewardError(RuntimeError):
-    """A reward could not be computed; the message names the source and, where known, the sample."""
-
-
 @dataclass
 class RewardOutput:
     """Rewards for one batch. ``rewards`` and ``scores`` are float32 ``[B]``; ``extra_logs`` values have length B."""
