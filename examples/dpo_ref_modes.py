@@ -61,7 +61,9 @@ def inprocess(args: argparse.Namespace, model_spec: str, rows: list[dict]) -> No
     import torch
 
     from rlhfkit.models.loading import load_causal_lm, load_tokenizer
-    from rlhfkit.trainers.dpo import collate_pairs, dpo_batch_loss, preference_samples, sequence_sums
+    from rlhfkit.trainers.dpo import collate_pairs, dpo_batch_loss
+    from rlhfkit.trainers.pairs import preference_samples
+    from rlhfkit.trainers.sequence_logps import sequence_sums
 
     tokenizer = load_tokenizer(model_spec)
     policy, ref = load_causal_lm(model_spec), load_causal_lm(model_spec).requires_grad_(False).eval()

@@ -1,4 +1,4 @@
-"""DPO, IPO and cDPO on preference pairs, plus the reference-model plumbing KTO shares.
+"""DPO, IPO and cDPO on preference pairs.
 
 With ``h = (log pi(y_c|x) - log pi(y_r|x)) - (log pi_ref(y_c|x) - log pi_ref(y_r|x))`` (sums over response tokens):
 
@@ -17,155 +17,27 @@ normaliser. The reference log-probs come from one of two places (``--ref_mode``)
 
 from __future__ import annotations
 
-import gc
-import logging
-import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
-from rlhfkit.algorithms.preference import dpo_loss, sequence_log_probs
-from rlhfkit.data.collate import collate_packed, collate_padded, is_packed
-from rlhfkit.data.preference import build_preference_samples
-from rlhfkit.engine.distributed import DistInfo, init_distributed
-from rlhfkit.engine.fsdp import shard_model
-from rlhfkit.models.loading import load_causal_lm
-from rlhfkit.trainers.common import target_log_probs
+from rlhfkit.algorithms.preference import dpo_loss
+from rlhfkit.engine.distributed import DistInfo
 from rlhfkit.trainers.loop import OfflineMethod
+from rlhfkit.trainers.pairs import PAIR_SIDES, preference_samples
+from rlhfkit.trainers.sequence_logps import (
+    Batch,
+    annotate_reference,
+    collate_sides,
+    load_frozen_causal_lm,
+    model_device,
+    sequence_sums,
+    to_device,
+)
 
-log = logging.getLogger("rlhfkit")
-
-Batch = dict[str, Any]
-
-# ---------------------------------------------------------------------------------------------------------------
-# Shared helpers (DPO, KTO, RM): device moves, sharded maps, frozen models, sequence log-probs.
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def to_device(batch: Batch, device: torch.device | None) -> Batch:
-    """Tensors of a collated batch on ``device`` (no-op on CPU)."""
-    if device is None:
-        return batch
-    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-
-
-def model_device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def shard_chunks(n: int, rank: int, world: int, micro: int) -> list[list[int]]:
-    """This rank's sample indices (strided) in chunks of at most ``micro``; every rank gets the same number of
-    chunks (trailing ones may be empty)."""
-    mine = list(range(rank, n, world))
-    calls = math.ceil(math.ceil(n / world) / micro)
-    return [mine[c * micro:(c + 1) * micro] for c in range(calls)]
-
-
-def map_sharded(samples: Sequence[Any], micro: int, fn: Callable[[list[Any]], list[Any]],
-                dist_info: DistInfo | None = None) -> list[Any]:
-    """``fn`` over ``samples`` in chunks of ``micro``, sharded over the ranks, results gathered on every rank.
-
-    Every rank calls ``fn`` the same number of times (a rank with no samples left repeats sample 0 and discards the
-    result), so ``fn`` may run FSDP2 forwards, whose all-gathers need every rank.
-    """
-    if not samples:
-        return []
-    rank = dist_info.rank if dist_info else (dist.get_rank() if dist.is_initialized() else 0)
-    world = dist_info.world_size if dist_info else (dist.get_world_size() if dist.is_initialized() else 1)
-    results: dict[int, Any] = {}
-    for idx in shard_chunks(len(samples), rank, world, micro):
-        out = fn([samples[i] for i in idx] or [samples[0]])
-        results.update(zip(idx, out))
-    if world > 1:
-        gathered: list[dict[int, Any] | None] = [None] * world
-        dist.all_gather_object(gathered, results)
-        for part in gathered:
-            results.update(part or {})
-    return [results[i] for i in range(len(samples))]
-
-
-def load_frozen_causal_lm(spec: str, cfg: Any, dist_info: DistInfo, offload: bool = False) -> nn.Module:
-    """A forward-only causal LM (reference or teacher): no grads, eval mode, FSDP2-sharded like the policy."""
-    model = load_causal_lm(spec, attn_implementation=cfg.attn_implementation)
-    model.requires_grad_(False)
-    model.eval()
-    return shard_model(model, zero_stage=3, device=dist_info.device, param_dtype=cfg.param_dtype, cpu_offload=offload)
-
-
-def sequence_sums(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per sequence: (sum of response-token log-probs, number of response tokens), float32 ``[B]`` each; for a
-    packed batch (``--packing_samples``), one entry per packed sequence."""
-    log_probs, mask = target_log_probs(model, batch)
-    mask = mask.to(log_probs.device)
-    if is_packed(batch):
-        return packed_sequence_sums(log_probs, mask, batch["seq_lens"])
-    return sequence_log_probs(log_probs, mask), mask.sum(-1)
-
-
-def packed_sequence_sums(log_probs: torch.Tensor, mask: torch.Tensor, seq_lens: torch.Tensor
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split the ``[1, total - 1]`` target log-probs of a packed row per sequence: column t predicts token t + 1,
-    so shifting by one puts every target under its own sequence (a sequence's first token is never a target,
-    which is what keeps predictions across the seam out)."""
-    by_target = F.pad(torch.where(mask > 0, log_probs, torch.zeros_like(log_probs)), (1, 0))[0]
-    counts = F.pad(mask, (1, 0))[0]
-    lens = seq_lens.tolist()
-    return (torch.stack([part.sum() for part in by_target.split(lens)]),
-            torch.stack([part.sum() for part in counts.split(lens)]))
-
-
-def collate_sides(samples: Sequence[dict], pad_token_id: int, sides: Sequence[tuple[str, str]],
-                  packed: bool = False) -> Batch:
-    """Side 0 of every sample, then side 1, ...: one right-padded ``[len(sides) * B, T]`` batch, or with `packed`
-    one ``[1, total]`` row of the same sequences in the same order."""
-    rows = [{"input_ids": s[ids], "loss_mask": s[mask]} for ids, mask in sides for s in samples]
-    return collate_packed(rows) if packed else collate_padded(rows, pad_token_id)
-
-
-def annotate_reference(cfg: Any, samples: list[dict], pad_token_id: int, sides: Sequence[tuple[str, str, str]],
-                       what: str = "reference") -> None:
-    """``--ref_mode precompute``: score ``samples`` with the reference model once and store, for each side
-    ``(ids_key, mask_key, out_key)``, the response log-prob sum in ``sample[out_key]``. The reference is freed after."""
-    if not samples:
-        return
-    dist_info = init_distributed()  # idempotent: the command has initialised the group already
-    began = time.perf_counter()
-    ref = load_frozen_causal_lm(cfg.ref_pretrain or cfg.pretrain, cfg, dist_info)
-    pairs = [(ids, mask) for ids, mask, _ in sides]
-
-    @torch.no_grad()
-    def score(chunk: list[dict]) -> list[list[float]]:
-        batch = to_device(collate_sides(chunk, pad_token_id, pairs), dist_info.device)
-        sums, _ = sequence_sums(ref, batch)
-        per_side = sums.double().cpu().view(len(sides), len(chunk))
-        return per_side.t().tolist()
-
-    values = map_sharded(samples, max(1, cfg.micro_train_batch_size), score, dist_info)
-    for sample, row in zip(samples, values):
-        for (_, _, out), value in zip(sides, row):
-            sample[out] = value
-    ref = None  # free the reference before the policy engine is built
-    gc.collect()
-    log.info("%s log-probs precomputed for %d samples in %.2fs", what, len(samples), time.perf_counter() - began)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# DPO
-# ---------------------------------------------------------------------------------------------------------------
-
-PAIR_SIDES = (("chosen_ids", "chosen_loss_mask"), ("rejected_ids", "rejected_loss_mask"))
 REF_KEYS = ("ref_chosen_logp", "ref_rejected_logp")
-
-
-def preference_samples(cfg: Any, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
-    return build_preference_samples(rows, tokenizer, prompt_key=cfg.prompt_key, chosen_key=cfg.chosen_key,
-                                    rejected_key=cfg.rejected_key, input_template=cfg.input_template,
-                                    apply_chat_template=cfg.apply_chat_template, max_len=cfg.max_len)
 
 
 def dpo_samples(cfg: Any, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:

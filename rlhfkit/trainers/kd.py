@@ -23,8 +23,8 @@ from rlhfkit.data.sft import build_sft_samples
 from rlhfkit.engine.distributed import DistInfo
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.loading import resolve_pretrain
-from rlhfkit.trainers.dpo import load_frozen_causal_lm, model_device, to_device
 from rlhfkit.trainers.loop import OfflineMethod
+from rlhfkit.trainers.sequence_logps import load_frozen_causal_lm, model_device, to_device
 from rlhfkit.trainers.sft import collate_for, target_count
 
 

@@ -25,7 +25,8 @@ from torch import nn
 from rlhfkit.algorithms.preference import kto_loss
 from rlhfkit.data.unpaired import build_unpaired_samples
 from rlhfkit.engine.distributed import DistInfo
-from rlhfkit.trainers.dpo import (
+from rlhfkit.trainers.loop import OfflineMethod
+from rlhfkit.trainers.sequence_logps import (
     annotate_reference,
     collate_sides,
     load_frozen_causal_lm,
@@ -33,7 +34,6 @@ from rlhfkit.trainers.dpo import (
     sequence_sums,
     to_device,
 )
-from rlhfkit.trainers.loop import OfflineMethod
 
 COMPLETION = ("input_ids", "loss_mask")
 MISMATCHED = ("kl_input_ids", "kl_loss_mask")

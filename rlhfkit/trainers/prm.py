@@ -23,8 +23,8 @@ from rlhfkit.data.encoding import Encoder
 from rlhfkit.data.formatting import apply_input_template
 from rlhfkit.data.process import IGNORE, ProcessLabels, build_process_samples, encode_steps, single_token_id
 from rlhfkit.engine.distributed import DistInfo
-from rlhfkit.trainers.dpo import model_device, to_device
 from rlhfkit.trainers.loop import OfflineMethod
+from rlhfkit.trainers.sequence_logps import model_device, to_device
 
 
 def prm_samples(cfg: Any, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:

@@ -30,8 +30,9 @@ from rlhfkit.engine.distributed import DistInfo, barrier
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.models.loading import head_values, load_scalar_model, scalar_outputs
 from rlhfkit.models.lora import apply_lora
-from rlhfkit.trainers.dpo import PAIR_SIDES, collate_sides, map_sharded, model_device, preference_samples, to_device
 from rlhfkit.trainers.loop import OfflineMethod
+from rlhfkit.trainers.pairs import PAIR_SIDES, preference_samples
+from rlhfkit.trainers.sequence_logps import collate_sides, map_sharded, model_device, to_device
 
 log = logging.getLogger("rlhfkit")
 

@@ -140,7 +140,7 @@ def test_contradictory_flags(tmp_path, capsys, command, flags, message):
 
 
 def test_identical_pairs_are_counted_and_reported(tokenizer, caplog, monkeypatch):
-    from rlhfkit.trainers.dpo import preference_samples
+    from rlhfkit.trainers.pairs import preference_samples
 
     rows = preference_rows(5, seed=0)
     rows[1]["rejected"] = rows[1]["chosen"]

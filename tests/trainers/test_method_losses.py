@@ -20,18 +20,13 @@ from rlhfkit.algorithms.supervised import distillation_loss, masked_lm_loss, prm
 from rlhfkit.data.collate import model_inputs
 from rlhfkit.data.synthetic import echo_rows, preference_rows, process_rows, unpaired_rows
 from rlhfkit.engine.distributed import shutdown_distributed
-from rlhfkit.trainers.dpo import (
-    PAIR_SIDES,
-    REF_KEYS,
-    annotate_reference,
-    collate_pairs,
-    dpo_batch_loss,
-    preference_samples,
-)
+from rlhfkit.trainers.dpo import REF_KEYS, collate_pairs, dpo_batch_loss
 from rlhfkit.trainers.kd import kd_batch_loss
 from rlhfkit.trainers.kto import COMPLETION, MISMATCHED, attach_mismatched, collate_kto, kto_batch_loss
+from rlhfkit.trainers.pairs import PAIR_SIDES, preference_samples
 from rlhfkit.trainers.prm import collate_prm, prm_batch_loss, prm_samples
 from rlhfkit.trainers.rm import collate_rm, rm_batch_loss
+from rlhfkit.trainers.sequence_logps import annotate_reference
 
 PAIR_CFG = SimpleNamespace(prompt_key="prompt", chosen_key="chosen", rejected_key="rejected", input_template=None,
                            apply_chat_template=True, max_len=64)
@@ -238,7 +233,7 @@ def test_prm_loss_equals_reference_function(policy, tokenizer, soft):
 
 @pytest.mark.parametrize("n,world,micro", [(7, 2, 3), (5, 4, 1), (3, 4, 2), (8, 2, 4), (1, 3, 5)])
 def test_shard_chunks_cover_every_sample_once_with_equal_calls_per_rank(n, world, micro):
-    from rlhfkit.trainers.dpo import shard_chunks
+    from rlhfkit.trainers.sequence_logps import shard_chunks
 
     plans = [shard_chunks(n, rank, world, micro) for rank in range(world)]
     assert len({len(p) for p in plans}) == 1  # same number of (FSDP-collective) forwards on every rank
