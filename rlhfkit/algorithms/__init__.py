@@ -33,7 +33,6 @@ from .preference import (
 from .rewards import (
     AdaptiveKLController,
     FixedKLController,
-    RunningMeanStd,
     clip_rewards,
     last_token_index,
     length_penalties,
@@ -52,7 +51,6 @@ __all__ = [
     "POLICY_LOSS_TYPES",
     "AdaptiveKLController",
     "FixedKLController",
-    "RunningMeanStd",
     "aggregate_loss",
     "clip_bounds",
     "clip_rewards",

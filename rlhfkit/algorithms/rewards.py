@@ -1,4 +1,4 @@
-"""Reward shaping, clipping, running normalisation and KL-coefficient controllers.
+"""Reward shaping, clipping and KL-coefficient controllers.
 
 A sequence reward ``r_b`` (one scalar per response, ``[batch]``) becomes a token reward ``[batch, response_len]``:
 it is placed on the last valid token and a KL penalty ``-beta * kl_t`` is added on every valid token.
@@ -6,12 +6,9 @@ it is placed on the last valid token and a KL penalty ``-beta * kl_t`` is added 
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.distributed as dist
 
-from .normalize import as_bool_mask, compute_dtype, global_sum_and_count, masked_var
+from .normalize import as_bool_mask, compute_dtype
 
 
 def clip_rewards(rewards: torch.Tensor, clip_range: tuple[float, float] | None) -> torch.Tensor:
@@ -117,64 +114,6 @@ def shape_rewards(
             raise ValueError(f"kl has shape {tuple(kl.shape)}, the action mask {tuple(m.shape)}")
         out = out - kl_coef * kl.to(dtype)
     return torch.where(m, out, torch.zeros((), dtype=dtype, device=m.device))
-
-
-class RunningMeanStd:
-    """Running mean and variance of a reward stream (``--normalize_reward``), merged with Chan et al.'s parallel
-    formula: for the stored ``(mu_a, var_a, n_a)`` and a batch ``(mu_b, var_b, n_b)``, ``n = n_a + n_b``,
-    ``mu = mu_a + d n_b / n``, ``var = (var_a n_a + var_b n_b + d^2 n_a n_b / n) / n`` with ``d = mu_b - mu_a``
-    (population variances). State is kept in Python floats (float64) and round-trips through ``state_dict``.
-    """
-
-    def __init__(self, eps: float = 1e-8, clip: float | None = None) -> None:
-        self.eps = eps
-        self.clip = clip
-        self.mean = 0.0
-        self.var = 1.0
-        self.count = 0.0
-
-    @property
-    def std(self) -> float:
-        return math.sqrt(self.var)
-
-    def update(
-        self, x: torch.Tensor, mask: torch.Tensor | None = None, process_group: dist.ProcessGroup | None = None
-    ) -> None:
-        """Merge the valid elements of ``x`` (of all ranks when ``process_group`` is given) into the statistics."""
-        _, n_b = global_sum_and_count(x, mask, process_group)
-        n_b = float(n_b)
-        if n_b == 0:
-            return
-        mu_b, var_b = masked_var(x, mask, process_group=process_group)
-        mu_b, var_b = float(mu_b), float(var_b)
-        if self.count == 0:
-            self.mean, self.var, self.count = mu_b, var_b, n_b
-            return
-        n_a, n = self.count, self.count + n_b
-        d = mu_b - self.mean
-        self.mean = self.mean + d * n_b / n
-        self.var = (self.var * n_a + var_b * n_b + d * d * n_a * n_b / n) / n
-        self.count = n
-
-    def normalize(self, x: torch.Tensor, *, center: bool = True) -> torch.Tensor:
-        """``(x - mu) / sqrt(var + eps)`` (``x / sqrt(var + eps)`` when ``center=False``), then clamped to
-        ``[-clip, clip]`` when ``clip`` is set."""
-        out = x.to(compute_dtype(x))
-        if center:
-            out = out - self.mean
-        out = out / math.sqrt(self.var + self.eps)
-        return out if self.clip is None else out.clamp(-self.clip, self.clip)
-
-    def state_dict(self) -> dict[str, float]:
-        """``{"mean", "var", "count"}`` as Python floats, for the checkpoint."""
-        return {"mean": self.mean, "var": self.var, "count": self.count}
-
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        """Restore the statistics saved by :meth:`state_dict`."""
-        missing = {"mean", "var", "count"} - set(state)
-        if missing:
-            raise KeyError(f"RunningMeanStd state is missing {sorted(missing)}")
-        self.mean, self.var, self.count = float(state["mean"]), float(state["var"]), float(state["count"])
 
 
 class FixedKLController:

@@ -12,7 +12,6 @@ import torch.distributed as dist
 
 from rlhfkit.algorithms import (
     ADVANTAGE_ESTIMATORS,
-    RunningMeanStd,
     compute_advantages_and_returns,
     kto_reference_kl,
     logprob_mismatch,
@@ -34,10 +33,6 @@ def compute(inp: dict, rows: slice, group) -> dict:
                 gamma=0.99, lambd=0.95, std_norm=std_norm, process_group=group,
             )
     out["whiten32"] = masked_whiten(x.float(), mask, process_group=group)
-    rms = RunningMeanStd()
-    rms.update(x[:, 0], mask[:, 0], process_group=group)
-    rms.update(x[:, 1], None, process_group=group)
-    out["rms"] = torch.tensor([rms.mean, rms.var, rms.count], dtype=torch.float64)
     out["kto_z"] = kto_reference_kl(x[:, 2], x[:, 3] - 1.0, process_group=group)
     out["mismatch"] = logprob_mismatch(x, values, mask, process_group=group)
     return out

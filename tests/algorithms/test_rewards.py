@@ -1,6 +1,5 @@
-"""Reward shaping, clipping, running normalisation and KL controllers against loop references."""
+"""Reward shaping, clipping and KL controllers against loop references."""
 
-import math
 
 import pytest
 import torch
@@ -8,7 +7,6 @@ import torch
 from rlhfkit.algorithms.rewards import (
     AdaptiveKLController,
     FixedKLController,
-    RunningMeanStd,
     clip_rewards,
     last_token_index,
     shape_rewards,
@@ -81,40 +79,6 @@ def test_clip_rewards():
         clip_rewards(r, (1, -1))
 
 
-def test_running_mean_std_matches_full_history():
-    g = torch.Generator().manual_seed(1)
-    rms = RunningMeanStd()
-    seen = []
-    for size in (3, 1, 7, 4):
-        x = torch.randn(size, generator=g, dtype=torch.float64) * 2 + 5
-        mask = torch.ones(size, dtype=torch.bool)
-        if size > 3:
-            mask[0] = False
-        rms.update(x, mask)
-        seen += [v for v, m in zip(x.tolist(), mask.tolist()) if m]
-        mu = math.fsum(seen) / len(seen)
-        var = math.fsum((v - mu) ** 2 for v in seen) / len(seen)
-        assert rms.count == len(seen)
-        assert rms.mean == pytest.approx(mu, rel=1e-12)
-        assert rms.var == pytest.approx(var, rel=1e-10, abs=1e-14)
-    x = torch.tensor([1.0, 9.0])
-    expected = [(v - rms.mean) / math.sqrt(rms.var + 1e-8) for v in (1.0, 9.0)]
-    assert rms.normalize(x).tolist() == pytest.approx(expected, rel=1e-6)
-
-
-def test_running_mean_std_state_roundtrip_clip_and_empty_update():
-    rms = RunningMeanStd(clip=1.0)
-    rms.update(torch.tensor([1.0, 2.0, 3.0]))
-    rms.update(torch.tensor([4.0]), torch.tensor([False]))
-    assert rms.count == 3
-    other = RunningMeanStd(clip=1.0)
-    other.load_state_dict(rms.state_dict())
-    assert other.state_dict() == rms.state_dict()
-    assert other.normalize(torch.tensor([100.0])).item() == 1.0
-    with pytest.raises(KeyError, match="missing"):
-        other.load_state_dict({"mean": 0.0})
-
-
 def test_kl_controllers():
     fixed = FixedKLController(0.01)
     fixed.update(5.0, 100)
@@ -133,11 +97,7 @@ def test_kl_controllers():
         AdaptiveKLController(0.1, 0.0, 10)
 
 
-def test_running_mean_std_starts_at_unit_variance_and_fixed_kl_roundtrips():
-    rms = RunningMeanStd()
-    assert (rms.mean, rms.var, rms.count, rms.std) == (0.0, 1.0, 0.0, 1.0)
-    # before any update, normalisation is the identity up to sqrt(1 + eps)
-    assert rms.normalize(torch.tensor([2.0], dtype=torch.float64)).item() == pytest.approx(2 / math.sqrt(1 + 1e-8))
+def test_fixed_kl_roundtrips():
     fixed = FixedKLController(0.05)
     assert fixed.state_dict() == {"value": 0.05}
     restored = FixedKLController(1.0)
