@@ -363,6 +363,11 @@ EFFECTS: dict[str, Effect] = {
     "use_dynamic_batch": _t("micro-batches by token budget; the update equals the fixed-size one", _PPO_MICRO,
                             _PPO_OPTS + "test_dynamic_batch_gives_the_same_update"),
     "train_max_tokens_per_gpu": _t("the token budget of --use_dynamic_batch micro-batches", _PPO_MICRO),
+    "ppo:packing_samples": _t("one packed row per micro-batch, each shared prompt once; the packed step equals the "
+                              "padded one (metrics and weights)",
+                              "tests/rl/test_packing.py::test_a_packed_ppo_step_equals_the_padded_one",
+                              "tests/rl/test_packing.py::"
+                              "test_packed_log_probs_entropy_and_gradients_equal_the_padded_forward"),
     "async_train": _t("generation one step ahead (one step off-policy), still learns",
                       "tests/rl/test_async.py::test_async_samples_one_step_behind_and_still_learns"),
     "async_queue_size": _t("only 1 is accepted; others refused naming the flag",

@@ -118,6 +118,10 @@ class RLAlgorithmOptions:
     vllm_is_correction_type: str = opt("tis", "tis: clamp each token's weight; icepop: zero the tokens outside "
                                               "the range; seq-mask-tis: zero whole sequences whose geometric-mean "
                                               "weight is outside it", choices=["tis", "icepop", "seq-mask-tis"])
+    packing_samples: bool = opt(False, "each micro-batch is one packed row with no padding, and a prompt shared "
+                                       "by several samples (--n_samples_per_prompt) is computed once for all of "
+                                       "them (block mask: a response sees its prompt and itself); same log-probs "
+                                       "and gradients as padded rows, fewer tokens through the model (docs/rl.md)")
     use_dynamic_batch: bool = opt(False, "training micro-batches by token budget instead of row count")
     train_max_tokens_per_gpu: int = opt(16192, "token budget per micro-batch with --use_dynamic_batch")
     async_train: bool = opt(False, "generate step t+1's rollout while step t trains (one step off-policy; pair "

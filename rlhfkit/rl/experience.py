@@ -116,6 +116,13 @@ def sort_rows_by_length(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return {k: v[order] for k, v in batch.items()}
 
 
+def sort_rows_by_prompt(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The rows ordered by `prompt_index` (stable), so the samples of a prompt share micro-batches (packed, the
+    prompt is then computed once). For sums over rows only, like `sort_rows_by_length`."""
+    order = torch.argsort(batch["prompt_index"], stable=True)
+    return {k: v[order] for k, v in batch.items()}
+
+
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions counted over real tokens only (left padding gets position 0)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

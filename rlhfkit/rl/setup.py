@@ -136,6 +136,10 @@ def validate_rl(cfg: Any) -> None:
         raise ConfigError(f"--gamma {cfg.gamma} with --advantage_estimator {cfg.advantage_estimator}: a group "
                           "baseline compares whole-response rewards, so the returns are undiscounted (OpenRLHF "
                           "sets gamma to 1 for it): drop --gamma, or use gae / reinforce")
+    if cfg.packing_samples and cfg.attn_implementation not in ("sdpa", "eager"):
+        raise ConfigError(f"--packing_samples with --attn_implementation {cfg.attn_implementation}: the packed row "
+                          "needs a 4D block mask, which only sdpa and eager honour; use one of them, or drop "
+                          "--packing_samples")
     _validate_algorithm_flags(cfg)
     if cfg.dynamic_filtering and cfg.n_samples_per_prompt < 2:
         raise ConfigError("--dynamic_filtering needs --n_samples_per_prompt >= 2")

@@ -30,7 +30,8 @@ from rlhfkit.engine.distributed import init_distributed
 from rlhfkit.engine.fsdp import shard_model
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.models.logprobs import log_probs_from_logits
-from rlhfkit.rl.experience import position_ids, sort_rows_by_length, trim_padding
+from rlhfkit.rl.experience import position_ids, sort_rows_by_length, sort_rows_by_prompt, trim_padding
+from rlhfkit.rl.packing import pack_rollout, packed_response_log_probs
 from rlhfkit.rollout.types import SyncStats
 
 
@@ -181,6 +182,12 @@ class ModelWorker:
     def _action_log_probs(self, mb: dict[str, torch.Tensor], with_entropy: bool = False):
         seq, mask = mb["sequences"], mb["attention_mask"]
         width = mb["action_mask"].shape[1]
+        if self.cfg.packing_samples:  # one packed row, each shared prompt once (rl/packing.py)
+            from rlhfkit.engine.fsdp import compute_dtype
+
+            return packed_response_log_probs(self.model, pack_rollout(seq, mask, width), self.cfg.temperature,
+                                             mask_dtype=compute_dtype(self.cfg.param_dtype, self.dist.device),
+                                             with_entropy=with_entropy)
         # Only the positions that predict response tokens need the (vocab-sized) LM head.
         logits = self.model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask),
                             logits_to_keep=width + 1).logits
@@ -265,7 +272,10 @@ class ModelWorker:
         dump: list[dict[str, Any]] | None = [] if "row_index" in shard else None  # --debug_dump_steps
         budget = cfg.train_max_tokens_per_gpu if cfg.use_dynamic_batch else None
         router = self.engine.aux_loss  # --aux_loss_coef on an MoE actor: the router load-balancing loss
-        batches = list(micro_batches(sort_rows_by_length(shard), cfg.micro_train_batch_size, budget))
+        # Packed micro-batches keep a prompt's samples together (its tokens are computed once); padded ones are
+        # sorted by length so trim_padding cuts more.
+        ordered = sort_rows_by_prompt(shard) if cfg.packing_samples else sort_rows_by_length(shard)
+        batches = list(micro_batches(ordered, cfg.micro_train_batch_size, budget))
         for mb in batches:
             mb = self._to_device(trim_padding(mb))
             mask = mb["action_mask"]
