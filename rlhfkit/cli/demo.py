@@ -27,6 +27,7 @@ DEMO_FLAGS: dict[str, Any] = {
     "prompt_max_len": 128, "temperature": 0.7, "actor_learning_rate": 8e-6,
     "lr_warmup_ratio": 0.0, "init_kl_coef": 0.0, "eval_temperature": 0.6, "eval_n_samples_per_prompt": 4,
     "enable_vllm_is_correction": True, "vllm_kv_cache_mb": 1024, "enforce_eager": True, "seed": 42,
+    "packing_samples": True,  # each prompt computed once for its 8 samples (rl/packing.py)
 }
 
 

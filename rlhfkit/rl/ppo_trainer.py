@@ -169,14 +169,26 @@ def stage_utilisation(s: RLSetup, exp: Experience, timer: Timer) -> dict[str, fl
         return out
     ceiling = cfg.precision.ceiling_gflops()
     devices = s.actor.world_size if cfg.precision.device == "cuda" else cfg.actor_num_nodes
-    train = flops.training(tokens, logit_tokens) + (flops.training(tokens, 0) if s.critic is not None else 0.0)
+    policy_tokens = packed_tokens(exp) if cfg.packing_samples else tokens  # the critic's pass stays padded
+    train = flops.training(policy_tokens, logit_tokens) + (flops.training(tokens, 0) if s.critic is not None else 0.0)
     policy_passes = (exp.old_log_probs is not None) + (s.ref is not None)  # actor (unless reused) and reference
-    forward = flops.forward(tokens, logit_tokens) * policy_passes + flops.forward(tokens, 0) * (s.critic is not None)
+    forward = flops.forward(policy_tokens, logit_tokens) * policy_passes + \
+        flops.forward(tokens, 0) * (s.critic is not None)
     for stage, done in (("training", train * cfg.max_epochs), ("log_probs", forward)):
         value = mfu(done, seconds.get(stage, 0.0), ceiling, devices)
         if value is not None and done > 0:
             out[f"perf/mfu_{stage}"] = value
     return out
+
+
+def packed_tokens(exp: Experience) -> float:
+    """Tokens a --packing_samples pass computes: each prompt once, every response token. (A group that a mini-batch
+    or micro-batch boundary splits computes its prompt once per part, so MFU from this count errs low.)"""
+    prompt_width = exp.sequences.shape[1] - exp.action_mask.shape[1]
+    prompt_lengths = exp.attention_mask[:, :prompt_width].sum(-1)
+    first_of_prompt = {int(p): i for i, p in reversed(list(enumerate(exp.prompt_index.tolist())))}
+    distinct = float(sum(int(prompt_lengths[i]) for i in first_of_prompt.values()))
+    return distinct + float(exp.attention_mask[:, prompt_width:].sum())
 
 
 def rollout_metrics(rollout: Rollout, exp: Experience) -> dict[str, float]:

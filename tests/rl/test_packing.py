@@ -123,3 +123,13 @@ def test_packing_with_an_attention_kernel_that_ignores_4d_masks_is_refused():
     with pytest.raises(ConfigError, match="--packing_samples with --attn_implementation flash_attention_2"):
         validate_rl(cfg(attn_implementation="flash_attention_2"))
     validate_rl(cfg(attn_implementation="eager"))
+
+
+def test_the_mfu_token_count_of_a_packed_pass_counts_each_prompt_once():
+    from rlhfkit.rl.ppo_trainer import packed_tokens
+
+    exp = build_experience(PROMPTS, RESPONSES, [[-1.0] * len(r) for r in RESPONSES], [0, 0, 0, 1, 1, 2], 0)
+    assert packed_tokens(exp) == 5 + 2 + 3 + sum(map(len, RESPONSES))
+    mb = _micro_batch()
+    assert packed_tokens(exp) == pack_rollout(mb["sequences"], mb["attention_mask"], mb["action_mask"].shape[1]
+                                              ).num_tokens
