@@ -224,6 +224,11 @@ def command_flags(command: str) -> list[str]:
     return names
 
 
+def positional_arguments(command: str) -> set[str]:
+    """The lower-case names of a command's positional arguments (as `command_flags` lists them)."""
+    return {f.names[0].lower() for g in describe(command).groups if g.title == "Positional arguments" for f in g.flags}
+
+
 def undocumented_commands() -> list[str]:
     """Commands whose module exposes neither GROUPS nor build_parser()."""
     return [c for c, s in commands().items() if not describe(c, s).source]
@@ -360,16 +365,21 @@ def render_options(rows: list[dict[str, Any]] | None = None) -> str:
              "does not exist, or its source never names the flag. A row covers the commands that reach the flag "
              "through the same code; a command whose path differs has its own row.", "",
              "| flag | commands | proven by / no effect because | what |", "|---|---|---|---|"]
+    known = commands()
+    positional = {(c, name) for c in known for name in positional_arguments(c)}
     for row in rows:
         effect = row["effect"]
         commands_cell = ", ".join(row["commands"])
+        # a positional argument by its name (RUN_DIR), a flag with its dashes (--run_dir)
+        is_positional = all((c, row["flag"]) in positional for c in row["commands"])
+        name = row["flag"].upper() if is_positional else f"--{row['flag']}"
         if isinstance(effect, Tested):
             proof, what = "<br>".join(_test_link(t) for t in effect.tests), _cell(effect.what)
         elif isinstance(effect, NoEffect):
             proof, what = "no effect: " + _cell(effect.reason), ""
         else:
             proof, what = "**missing**", ""
-        lines.append(f"| `--{row['flag']}` | {commands_cell} | {proof} | {what} |")
+        lines.append(f"| `{name}` | {commands_cell} | {proof} | {what} |")
     lines += ["", "## Refused flags", "",
               f"OpenRLHF flags that rlhfkit does not implement are refused with their reason, on the command line "
               f"and in `--config` files (proven by {_test_link(REFUSAL_TEST)}):", "",
