@@ -155,3 +155,27 @@ def test_no_import_cycles_between_modules():
 
 def test_weight_broadcast_does_not_import_weight_sync():
     assert "rlhfkit.rollout.weight_sync" not in internal_imports("rlhfkit.rollout.weight_broadcast")
+
+
+# Exceptions that stay beside their only user: private control flow, or an HTTP status carrier of the serve-rm server.
+LOCAL_EXCEPTIONS = {"rlhfkit.rewards.server.BadRequest"}
+
+
+def test_the_error_types_live_in_rlhfkit_errors():
+    """Every public exception class of rlhfkit is defined in rlhfkit/errors.py, which any layer may import."""
+    import rlhfkit.errors as errors
+
+    names = {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, Exception)}
+    elsewhere = []
+    for module, path in sorted(MODULES.items()):
+        if module == "rlhfkit.errors":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
+                continue
+            bases = {getattr(b, "id", getattr(b, "attr", "")) for b in node.bases}
+            if (bases & (names | {"Exception", "ValueError", "RuntimeError", "TypeError", "KeyError", "OSError"})
+                    and f"{module}.{node.name}" not in LOCAL_EXCEPTIONS):
+                elsewhere.append(f"{module}.{node.name}")
+    assert not elsewhere, f"define these in rlhfkit/errors.py: {elsewhere}"
+    assert not internal_imports("rlhfkit.errors")
