@@ -27,6 +27,10 @@ COMMON: dict[str, Any] = {"use_cpu": True, "fp16": False, "report_to": [], "save
                           "adam_beta1": 0.9, "adam_beta2": 0.95, "weight_decay": 0.0, "max_grad_norm": 1.0,
                           "dataloader_num_workers": 0}
 
+RECORDED = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "max_steps",
+            "lr_scheduler_type", "adam_beta2", "loss_type", "beta", "num_generations", "max_completion_length",
+            "temperature", "max_length", "precompute_ref_log_probs", "steps_per_generation", "num_iterations")
+
 
 class StepClock(TrainerCallback):
     """Wall time of every optimizer step (generation included for GRPO: it happens inside the step)."""
@@ -122,7 +126,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             "train_seconds": total, "response_length": statistics.mean(lengths[spec["warmup"]:] or lengths)
             if lengths else None, "peak_mb": {"trl": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024},
             "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
-            "threads": torch.get_num_threads(), "dtype": str(next(trainer.model.parameters()).dtype)}
+            "threads": torch.get_num_threads(), "dtype": str(next(trainer.model.parameters()).dtype),
+            "config": {k: getattr(trainer.args, k, None) for k in RECORDED}}
 
 
 def main() -> None:
@@ -131,7 +136,7 @@ def main() -> None:
         result = run(spec)
     except Exception:  # the harness records the failure and goes on with the next run
         result = {"error": traceback.format_exc(limit=8), "step_median": None}
-    Path(sys.argv[2]).write_text(json.dumps(result, indent=2))
+    Path(sys.argv[2]).write_text(json.dumps(result, indent=2, default=str))
 
 
 if __name__ == "__main__":
