@@ -149,6 +149,7 @@ def build_specs(args: argparse.Namespace, names: list[str], work: Path, precisio
         w.pop("warmup", None)
         if args.quick and name in QUICK_TOKENS:
             w["new_tokens"] = QUICK_TOKENS[name]
+            w["note"] = f"--quick: {w['new_tokens']} new tokens at most, not {name[4:]}"
         steps = warmup + timed
         count = steps * (w.get("prompts") or w["batch"])
         spec = {**w, "name": name, "model": model, "steps": steps, "warmup": warmup, "seed": args.seed,
@@ -198,7 +199,7 @@ def record(results: dict[str, Any], name: str, spec: dict[str, Any], side: str, 
     entry["trl_missing"] = any(r.get("missing") for r in entry["runs"]["trl"])
     entry["summary"] = {s: summarize_runs(entry["runs"][s]) for s in entry["runs"]}
     entry["row"] = compare(entry["summary"])
-    entry["notes"] = notes_for(name, entry["runs"])
+    entry["notes"] = ([spec["note"]] if spec.get("note") else []) + notes_for(name, entry["runs"])
 
 
 def main(argv: list[str] | None = None) -> None:
