@@ -41,3 +41,22 @@ class WeightSyncMismatch(RuntimeError):
 
 class ReportError(ValueError):
     """The run folder cannot be reported on (it does not exist, or has no metrics.jsonl)."""
+
+
+class RemoteCallError(RuntimeError):
+    """A Ray remote call of the online loop failed for a reason outside the callee's code: it passed its deadline
+    (`RemoteCallTimeout`) or its actor died (`RemoteActorDied`). The message names the role, the rank(s), the node
+    and the method; `role`, `ranks`, `method` and `waited_s` say the same for code that handles it."""
+
+    def __init__(self, message: str, *, role: str = "", ranks: list[int] | tuple[int, ...] = (), method: str = "",
+                 waited_s: float = 0.0) -> None:  # defaults: pickling (through Ray) rebuilds it from the message
+        super().__init__(message)
+        self.role, self.ranks, self.method, self.waited_s = role, list(ranks), method, waited_s
+
+
+class RemoteCallTimeout(RemoteCallError):
+    """A remote call passed its deadline (--remote_call_timeout, or a health check's shorter one)."""
+
+
+class RemoteActorDied(RemoteCallError):
+    """The actor a remote call went to died (killed, crashed, or its node lost) before it answered."""

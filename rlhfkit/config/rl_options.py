@@ -34,6 +34,10 @@ class PlacementOptions:
                                           "device only during their forwards (CUDA only, a no-op on CPU)")
     torch_threads_per_worker: int = opt(0, "torch threads in each model worker (0: on CPU, the node's cores "
                                                  "divided by the model ranks per node; Ray alone would give 1)")
+    remote_call_timeout: float = opt(1800.0, "deadline in seconds of every Ray remote call of the loop (model "
+                                             "groups, engines, weight sync, reward models): past it the run stops "
+                                             "with an error naming the role, rank, node and method; engines also "
+                                             "get a health check (ping, min(30 s, this)) before each step")
 
 
 @dataclass

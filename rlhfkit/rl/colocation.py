@@ -45,9 +45,9 @@ class Phases:
         return cls(engines, trainers, sleep_engines=sleep, offload_trainers=offload)
 
     def _engines(self, method: str, *args: Any) -> None:
-        import ray
+        from rlhfkit.rollout.remote import call_all
 
-        ray.get([getattr(engine, method).remote(*args) for engine in self.engines])
+        call_all(self.engines, method, *args, role="engine")
         self.events.append(f"engines.{method}")
 
     def _trainers(self, method: str) -> None:

@@ -15,6 +15,7 @@ import torch
 from rlhfkit.launch.ray_cluster import cluster_has_gpus
 from rlhfkit.rl.experience import split_rows
 from rlhfkit.rl.worker import ModelWorker
+from rlhfkit.rollout.remote import remote_call_timeout, wait_remote
 
 
 def placement_bundles(num_nodes: int, gpus_per_node: int, cpus_per_bundle: float,
@@ -46,7 +47,13 @@ def make_placement_group(num_nodes: int, gpus_per_node: int, cpus_per_bundle: fl
         raise ConfigError(f"{num_nodes} nodes asked for (--*_num_nodes) but this Ray cluster has {alive}: on one "
                           f"node use --*_num_nodes 1 --*_num_gpus_per_node {num_nodes * gpus_per_node} (same ranks)")
     group = placement_group(bundles, strategy=strategy)
-    ray.get(group.ready())
+    if not group.wait(timeout_seconds=remote_call_timeout()):
+        from rlhfkit.errors import RemoteCallTimeout
+
+        raise RemoteCallTimeout(f"placement group of {len(bundles)} bundles {bundles} ({strategy}) not ready within "
+                                f"{remote_call_timeout():g} s (--remote_call_timeout): the cluster lacks the "
+                                "resources, or a node is gone", role="placement", ranks=[], method="ready",
+                                waited_s=remote_call_timeout())
     return group
 
 
@@ -78,7 +85,7 @@ class ModelGroup:
             worker = remote_cls.options(scheduling_strategy=strategy, **resources, name=None)
             if rank == 0:
                 node_ip, master_port = ray.get(ray.remote(_rendezvous_address).options(
-                    scheduling_strategy=strategy, num_cpus=0).remote())
+                    scheduling_strategy=strategy, num_cpus=0).remote(), timeout=remote_call_timeout())
                 # One node: rendezvous on loopback; several: on rank 0's node address.
                 master_addr = "127.0.0.1" if num_nodes == 1 else node_ip
             self.workers.append(worker.remote(role, cfg, rank, world_size, master_addr, master_port))
@@ -97,9 +104,8 @@ class ModelGroup:
 
     def call(self, method: str, *args, **kwargs) -> list[Any]:
         """Call `method` on every rank with the same arguments; return every rank's result."""
-        import ray
-
-        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+        refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+        return wait_remote(refs, role=self.role, method=method, handles=self.workers)
 
     def map_rows(self, method: str, batch: dict[str, torch.Tensor], *args) -> torch.Tensor:
         """Split `batch` by rows across ranks (contiguous, balanced), call `method`, concatenate the results.
@@ -117,7 +123,8 @@ class ModelGroup:
         for worker, part in zip(self.workers, parts):
             index = torch.tensor(part or [0], dtype=torch.long)
             refs.append(getattr(worker, method).remote({k: v[index] for k, v in batch.items()}, *args))
-        return Pending(refs, lambda outputs: torch.cat([out[:len(part)] for out, part in zip(outputs, parts)]))
+        return Pending(refs, lambda outputs: torch.cat([out[:len(part)] for out, part in zip(outputs, parts)]),
+                       (self.role, method, self.workers))
 
     def scatter(self, method: str, shards: Sequence[dict[str, torch.Tensor]], *args,
                 per_rank: Sequence[Sequence[Any]] | None = None) -> list[Any]:
@@ -128,19 +135,25 @@ class ModelGroup:
                       per_rank: Sequence[Sequence[Any]] | None = None, **kwargs) -> Pending:
         extras = per_rank if per_rank is not None else [()] * len(self.workers)
         return Pending([getattr(w, method).remote(s, *args, *extra, **kwargs)
-                        for w, s, extra in zip(self.workers, shards, extras)], list)
+                        for w, s, extra in zip(self.workers, shards, extras)], list, (self.role, method, self.workers))
 
 
 class Pending:
-    """Results of calls already sent to a group's ranks; `get()` waits and assembles them."""
+    """Results of calls already sent to a group's ranks; `get()` waits (with the deadline, naming the callee on a
+    timeout or a dead rank: `rlhfkit.rollout.remote.wait_remote`) and assembles them. `callees`: (role, method,
+    worker handles), one handle per ref."""
 
-    def __init__(self, refs: list[Any], assemble: Callable[[list[Any]], Any]) -> None:
-        self.refs, self.assemble = refs, assemble
+    def __init__(self, refs: list[Any], assemble: Callable[[list[Any]], Any],
+                 callees: tuple[str, str, list[Any]] | None = None) -> None:
+        self.refs, self.assemble, self.callees = refs, assemble, callees
 
     def get(self) -> Any:
         import ray
 
-        return self.assemble(ray.get(self.refs))
+        if self.callees is None:
+            return self.assemble(ray.get(self.refs))
+        role, method, handles = self.callees
+        return self.assemble(wait_remote(self.refs, role=role, method=method, handles=handles))
 
 
 def run_side_by_side(calls: Sequence[tuple[ModelGroup, Callable[[], Pending]]]) -> list[Any]:

@@ -40,6 +40,7 @@ from rlhfkit.rl.make_experience import (
     to_experience,
 )
 from rlhfkit.rl.setup import RLSetup, build_setup, push_actor_weights, save_final
+from rlhfkit.rollout.remote import ping_engines
 from rlhfkit.rollout.types import SamplingConfig
 
 log = logging.getLogger("rlhfkit")
@@ -267,6 +268,7 @@ def _loop(s: RLSetup) -> dict[str, float]:
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout") if cfg.async_train else None
     for step in range(s.start_step + 1, s.total_steps + 1):
         began = time.perf_counter()
+        ping_engines(s.engines)  # the health check: a dead or hung engine is named now, not mid-generation
         rollout, filter_metrics, timer = ahead or collect_timed(s, stream, sampling)
         _write_samples(s, step, rollout, "train")
         exp = to_experience(rollout, s.tokenizer.pad_token_id)

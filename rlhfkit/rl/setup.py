@@ -23,7 +23,7 @@ from rlhfkit.config.validate import require
 from rlhfkit.data.prompts import build_prompt_samples
 from rlhfkit.data.readers import blend_datasets
 from rlhfkit.engine.precision import apply_precision
-from rlhfkit.errors import ConfigError
+from rlhfkit.errors import ConfigError, RemoteCallError
 from rlhfkit.launch.preflight import preflight
 from rlhfkit.launch.ray_cluster import WORKER_ENV, cluster_has_gpus, start_ray  # noqa: F401 (WORKER_ENV: benchmarks/)
 from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_ids
@@ -37,6 +37,7 @@ from rlhfkit.rl.make_experience import PromptStream
 from rlhfkit.rl.reward_group import RolloutRewards, model_specs, text_sources
 from rlhfkit.rl.sync_check import SyncCheck
 from rlhfkit.rl.weight_push import push_actor_weights, resolve_sync_backend
+from rlhfkit.rollout.remote import call_all, set_remote_call_timeout, wait_remote
 
 log = logging.getLogger("rlhfkit")
 
@@ -324,13 +325,13 @@ def _groups(cfg: Any, worker_cfg: dict, total_updates: int, has_critic: bool, ne
 def _init_all(pending: list[tuple[ModelGroup, tuple]]) -> list[int]:
     """Initialise every group's model concurrently (the groups load in parallel, each rank set collectively);
     returns each group's parameter count."""
-    import ray
-
     refs = [[getattr(w, args[0]).remote(*args[1:]) for w in g.workers] for g, args in pending]
     counts = []
     for (g, args), group_refs in zip(pending, refs):
         try:
-            counts.append(ray.get(group_refs)[0])
+            counts.append(wait_remote(group_refs, role=g.role, method=args[0], handles=g.workers)[0])
+        except RemoteCallError:  # names the role, rank, node and method already
+            raise
         except Exception as err:
             raise RuntimeError(f"loading the {g.role} model {args[1]!r} failed: {err}") from err
     return counts
@@ -403,6 +404,7 @@ def load_ptx(cfg: Any, tokenizer: Any) -> PromptStream | None:
 def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
     """Everything a run needs. `engines`: already-running rollout engines to reuse (tests, notebooks)."""
     validate_rl(cfg)
+    set_remote_call_timeout(cfg.remote_call_timeout)  # every remote call's deadline (rlhfkit.rollout.remote)
     preflight(cfg, engines)  # model context, host devices and RAM, the user's .py files: before Ray starts
     agent = load_agent(cfg.agent_func_path, cfg.agent_action_max_len) if cfg.agent_func_path else None
     owns_ray = start_ray(cfg)
@@ -484,9 +486,7 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
 
 def _threads_line(actor: ModelGroup, engines: list[Any]) -> str:
     """"actor 2, engines 2": torch threads per actor rank and per engine (Ray alone would give each 1 on CPU)."""
-    import ray
-
-    engine_threads = ray.get([e.compute_threads.remote() for e in engines]) if engines else []
+    engine_threads = call_all(engines, "compute_threads", role="engine") if engines else []
     return f"actor {','.join(map(str, sorted(set(actor.call('compute_threads')))))}, engines " + \
         (",".join(map(str, sorted(set(engine_threads)))) or "none")
 

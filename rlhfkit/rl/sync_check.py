@@ -60,14 +60,14 @@ class SyncCheck:
     def check(self, actor: Any, engines: list[Any], when: str) -> dict[str, float]:
         """Score the probe on every engine and on the actor; raise `WeightSyncMismatch` over the bound. Returns
         sync/logprob_diff (the largest engine's mean diff) and sync/logprob_diff_max (largest token diff)."""
-        import ray
+        from rlhfkit.rollout.remote import wait_remote
 
         if self.bound == 0:
             return {}
         pending = [e.score.remote([self.prompt_ids], [self.response_ids]) for e in engines]
         trainer = actor.call("probe_log_probs", self.prompt_ids, self.response_ids)[0]
         worst, worst_token = 0.0, 0.0
-        for k, (scored,) in enumerate(ray.get(pending)):
+        for k, (scored,) in enumerate(wait_remote(pending, role="engine", method="score", handles=engines)):
             diffs = [abs(a - b) for a, b in zip(scored, trainer, strict=True)]
             mean = sum(diffs) / len(diffs)
             if not mean <= self.bound:  # NaN fails too

@@ -411,7 +411,8 @@ class ModelWorker:
             return False
         if sender is not None:
             sender.close()
-        self.weight_sender = WeightBroadcaster(engines, backend)
+        self.weight_sender = WeightBroadcaster(engines, backend,  # deadline: --remote_call_timeout
+                                               timeout_s=getattr(self.cfg, "remote_call_timeout", None))
         return True
 
     def broadcast_weights(self, bucket_bytes: int) -> SyncStats | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rlhfkit.rollout.remote import wait_remote
 from rlhfkit.rollout.types import RolloutSample, SamplingConfig
 
 
@@ -28,17 +29,19 @@ def generate_on_engines(
 
     Returns `len(prompt_ids) * sampling.n` samples ordered by (prompt, sample), with `prompt_index` relative to
     `prompt_ids`. Seeds follow the global prompt index, so the samples do not depend on the number of engines.
+    Waits with the deadline (`--remote_call_timeout`): a dead or hung engine raises an error naming it
+    (`rlhfkit.rollout.remote`).
     """
-    import ray
-
-    refs, offsets = [], []
-    for engine, (start, end) in zip(engines, shard_bounds(len(prompt_ids), len(engines))):
+    refs, offsets, used = [], [], []
+    for k, (engine, (start, end)) in enumerate(zip(engines, shard_bounds(len(prompt_ids), len(engines)))):
         if start == end:
             continue
         refs.append(engine.generate.remote(prompt_ids[start:end], sampling.shifted(start)))
         offsets.append(start)
+        used.append(k)
     results: list[RolloutSample] = []
-    for offset, shard in zip(offsets, ray.get(refs)):
+    shards = wait_remote(refs, role="engine", method="generate", handles=[engines[k] for k in used], ranks=used)
+    for offset, shard in zip(offsets, shards):
         for sample in shard:
             sample.prompt_index += offset
             results.append(sample)

@@ -9,10 +9,12 @@ engine's `processed_logprobs`. Usable in-process or as a Ray actor (`create_hf_e
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from rlhfkit.rollout.remote import call_all
 from rlhfkit.rollout.types import FinishReason, NamedTensors, RolloutSample, SamplingConfig
 from rlhfkit.rollout.weight_broadcast import WeightGroupSlot
 
@@ -46,6 +48,10 @@ class HFEngine:
 
     def ready(self) -> bool:
         """True once the model is loaded (lets callers wait on actor start)."""
+        return True
+
+    def ping(self) -> bool:
+        """The health check before each step (`rlhfkit.rollout.remote.ping_engines`): answers at once when alive."""
         return True
 
     @torch.no_grad()
@@ -183,15 +189,17 @@ def create_hf_engines(
     num_cpus_per_engine: float = 0.5,
     placement_group: Any = None,
     log_dir: str | None = None,
+    indices: Sequence[int] | None = None,
 ) -> list[Any]:
-    """Start `num_engines` `HFEngine` Ray actors (1 GPU each when the cluster has GPUs) and wait until ready."""
+    """Start `num_engines` `HFEngine` Ray actors (1 GPU each when the cluster has GPUs) and wait until ready.
+    `indices`: start only these engines of the `num_engines` (a restart after a fault), with their own options."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     num_gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
     engine_cls = ray.remote(HFEngine)
     engines = []
-    for k in range(num_engines):
+    for k in range(num_engines) if indices is None else indices:
         options: dict[str, Any] = {"num_cpus": num_cpus_per_engine, "num_gpus": num_gpus}
         if placement_group is not None:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
@@ -201,5 +209,5 @@ def create_hf_engines(
         log_path = os.path.join(log_dir, f"engine{k}.log") if log_dir else None
         engines.append(engine_cls.options(**options).remote(pretrain_path, dtype=dtype, cpu_threads_share=num_engines,
                                                             log_path=log_path))
-    ray.get([e.ready.remote() for e in engines])
+    call_all(engines, "ready", role="engine", ranks=list(range(num_engines)) if indices is None else list(indices))
     return engines

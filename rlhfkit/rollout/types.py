@@ -141,6 +141,8 @@ class RolloutEngine(Protocol):
     group (`weight_sync_info`, `join_weight_group`) and each bucket arrives by `receive_weight_bucket(meta)`.
     """
 
+    def ping(self) -> bool: ...  # the health check before each step: True at once when alive
+
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[RolloutSample]: ...
 
     def score(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]: ...

@@ -9,8 +9,10 @@ host RAM the whole worker may use, its own RSS (~1.1 GiB) included. On GPU, each
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
+from rlhfkit.rollout.remote import call_all
 from rlhfkit.rollout.types import FinishReason, NamedTensors, RolloutSample, SamplingConfig
 
 WORKER_EXTENSION = "rlhfkit.rollout.worker_ext.WeightReloadExtension"
@@ -87,6 +89,10 @@ class VLLMEngine:
 
     def ready(self) -> bool:
         """True once the engine is built (lets callers wait on actor start)."""
+        return True
+
+    def ping(self) -> bool:
+        """The health check before each step (`rlhfkit.rollout.remote.ping_engines`): answers at once when alive."""
         return True
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[RolloutSample]:
@@ -222,8 +228,10 @@ def create_vllm_engines(
     enable_sleep_mode: bool = False,
     num_gpus_per_engine: float = 1.0,
     log_dir: str | None = None,
+    indices: Sequence[int] | None = None,
 ) -> list[Any]:
-    """Start `num_engines` `VLLMEngine` Ray actors and wait until they are ready.
+    """Start `num_engines` `VLLMEngine` Ray actors and wait until they are ready (`indices`: only these engines of
+    the `num_engines`, with their own options: a restart after a fault).
 
     Without GPUs in the Ray cluster each actor asks for `num_cpus_per_engine` (logical) CPUs, tensor parallelism
     must be 1, the KV cache gets `cpu_kv_cache_bytes` of host RAM (`gpu_memory_utilization` is not used) and
@@ -246,7 +254,7 @@ def create_vllm_engines(
         dtype = ENGINE_DTYPES[resolve_precision("auto", "cuda" if has_gpus else "cpu", touch_device=False).dtype]
     engine_cls = ray.remote(VLLMEngine)
     engines = []
-    for k in range(num_engines):
+    for k in range(num_engines) if indices is None else indices:
         options = _actor_options(k, has_gpus, tensor_parallel_size, num_cpus_per_engine, placement_group,
                                  num_gpus_per_engine, num_engines)
         engines.append(
@@ -267,7 +275,7 @@ def create_vllm_engines(
                 log_path=os.path.join(log_dir, f"engine{k}.log") if log_dir else None,
             )
         )
-    ray.get([e.ready.remote() for e in engines])
+    call_all(engines, "ready", role="engine", ranks=list(range(num_engines)) if indices is None else list(indices))
     return engines
 
 

@@ -25,10 +25,12 @@ import torch
 import torch.distributed as dist
 
 from rlhfkit.rollout.buckets import DEFAULT_BUCKET_BYTES, iter_buckets
+from rlhfkit.rollout.remote import call_all, remote_call_timeout, wait_remote
 from rlhfkit.rollout.types import NamedTensors, SyncStats
 
 BROADCAST_BACKENDS = ("gloo", "nccl")
-DEFAULT_TIMEOUT_S = 600.0
+JOINED_KEY = "rlhfkit_weight_sync_joined"  # each member adds 1 once its store client is up (the sender polls it)
+JOIN_POLL_S = 0.2
 ALIGN = 64  # byte alignment of each tensor inside a bucket buffer (any dtype can view it)
 _PREFIX = "rlhfkit_weight_sync"
 
@@ -119,10 +121,12 @@ class WeightGroupMember:
     """
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, backend: str,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout_s: float | None = None) -> None:
         check_backend(backend, torch.cuda.is_available())
+        timeout_s = remote_call_timeout() if timeout_s is None else timeout_s
         self.backend, self.rank = backend, rank
         self.store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+        self.store.add(JOINED_KEY, 1)  # tells the sender this member is alive and about to build its side
         self.group = new_group(backend, self.store, rank, world_size, timeout_s)
 
     def receive(self, meta: BucketMeta) -> NamedTensors:
@@ -174,14 +178,15 @@ class WeightBroadcaster:
         sender.close()
     """
 
-    def __init__(self, engines: Sequence[Any], backend: str = "gloo", *, timeout_s: float = DEFAULT_TIMEOUT_S,
+    def __init__(self, engines: Sequence[Any], backend: str = "gloo", *, timeout_s: float | None = None,
                  host: str | None = None) -> None:
         import ray
 
         check_backend(backend, torch.cuda.is_available())
         if not engines:
             raise ValueError("WeightBroadcaster needs at least one engine")
-        infos = ray.get([e.weight_sync_info.remote() for e in engines])
+        self.timeout_s = timeout_s = remote_call_timeout() if timeout_s is None else timeout_s
+        infos = call_all(engines, "weight_sync_info", role="engine", timeout_s=timeout_s)
         if backend == "nccl" and not all(info["cuda"] for info in infos):
             check_backend(backend, cuda=False)
         self.engines, self.backend = list(engines), backend
@@ -193,33 +198,52 @@ class WeightBroadcaster:
         offsets = [1 + sum(info["workers"] for info in infos[:k]) for k in range(len(infos))]
         joins = [e.join_weight_group.remote(host, self.store.port, offset, world_size, backend, timeout_s)
                  for e, offset in zip(self.engines, offsets)]
-        self.group = new_group(backend, self.store, 0, world_size, timeout_s)  # completes with the engines' joins
-        ray.get(joins)
+        self._await_members(joins, world_size - 1)
+        try:
+            self.group = new_group(backend, self.store, 0, world_size, timeout_s)  # completes with the joins
+        except Exception:  # an engine died between reaching the store and joining: name it if so
+            wait_remote(joins, role="engine", method="join_weight_group", handles=self.engines, timeout_s=1.0)
+            raise
+        wait_remote(joins, role="engine", method="join_weight_group", handles=self.engines, timeout_s=timeout_s)
         self.world_size = world_size
         self._staging: torch.Tensor | None = None
+
+    def _await_members(self, joins: list[Any], members: int) -> None:
+        """Wait until every engine worker has reached the store before building the sender's side (whose
+        constructor blocks, uninterruptibly, until all ranks connect): an engine that dies or hangs before joining
+        raises at once (`RemoteActorDied`) or at the deadline (`RemoteCallTimeout`) instead of blocking here."""
+        import ray
+
+        began = time.monotonic()
+        while self.store.add(JOINED_KEY, 0) < members:
+            done, _ = ray.wait(joins, num_returns=len(joins), timeout=JOIN_POLL_S)
+            if done or time.monotonic() - began > self.timeout_s:
+                # a join that returned before the group exists failed (died, or raised): name it; else the deadline
+                ranks = [joins.index(r) for r in done] or list(range(len(joins)))
+                wait_remote(done or joins, role="engine", method="join_weight_group", ranks=ranks,
+                            handles=[self.engines[k] for k in ranks], timeout_s=self.timeout_s, started=began)
+                raise RuntimeError(f"engines {ranks} returned from join_weight_group before the group was built")
 
     def sync(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
              bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> SyncStats:
         """Replace every engine's weights in place with `named_tensors` (full HF-named tensors, consumed lazily,
         one bucket at a time); returns the same `SyncStats` as the Ray transport."""
-        import ray
 
         if self.group is None:
             raise RuntimeError("WeightBroadcaster.sync after close(): create a new WeightBroadcaster")
         start = time.perf_counter()
-        ray.get([e.begin_weight_update.remote() for e in self.engines])
+        call_all(self.engines, "begin_weight_update", role="engine", timeout_s=self.timeout_s)
         total_bytes = buckets = tensors = 0
         for bucket in iter_buckets(named_tensors, bucket_bytes, device=self.device):
             self._send(bucket)
             buckets += 1
             tensors += len(bucket)
             total_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
-        ray.get([e.finish_weight_update.remote() for e in self.engines])
+        call_all(self.engines, "finish_weight_update", role="engine", timeout_s=self.timeout_s)
         return SyncStats(seconds=time.perf_counter() - start, bytes=total_bytes, buckets=buckets, tensors=tensors)
 
     def _send(self, bucket: NamedTensors) -> None:
         """Metadata to every engine through Ray, the bytes through the group; returns once all engines loaded it."""
-        import ray
 
         meta, buffer = pack_bucket(bucket, self.device, self._staging)
         if self._staging is None or buffer.numel() > self._staging.numel():
@@ -227,7 +251,8 @@ class WeightBroadcaster:
         loads = [e.receive_weight_bucket.remote(meta) for e in self.engines]
         work = broadcast(self.group, buffer)
         try:
-            ray.get(loads)
+            wait_remote(loads, role="engine", method="receive_weight_bucket", handles=self.engines,
+                        timeout_s=self.timeout_s)
         except BaseException:
             self._drop(abort=True)  # an engine failed mid-bucket: the group is out of step, never reuse it
             raise
@@ -239,10 +264,15 @@ class WeightBroadcaster:
         self.group, self.store, self._staging = None, None, None
 
     def close(self) -> None:
-        """Make the engines leave the group, then drop the sender's side."""
-        import ray
+        """Make the engines leave the group, then drop the sender's side. An engine that died meanwhile (it is being
+        replaced) cannot leave: the group is dropped all the same."""
+        from rlhfkit.errors import RemoteCallError
 
         if self.group is None:
             return
-        ray.get([e.leave_weight_group.remote() for e in self.engines])
+        try:
+            call_all(self.engines, "leave_weight_group", role="engine", timeout_s=min(self.timeout_s, 30.0))
+        except RemoteCallError:
+            self._drop(abort=True)
+            return
         self._drop()

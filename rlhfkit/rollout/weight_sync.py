@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from rlhfkit.rollout.buckets import DEFAULT_BUCKET_BYTES, iter_buckets
+from rlhfkit.rollout.remote import call_all
 from rlhfkit.rollout.types import SyncStats
 
 TRANSPORTS = ("ray", "gloo", "nccl")
@@ -67,14 +68,14 @@ def sync_weights(
         finally:
             sender.close()
     start = time.perf_counter()
-    ray.get([e.begin_weight_update.remote() for e in engines])
+    call_all(engines, "begin_weight_update", role="engine")
     total_bytes = buckets = tensors = 0
     for bucket in iter_buckets(named_tensors, bucket_bytes):
         ref = ray.put(bucket)
-        ray.get([e.load_weight_bucket.remote(ref) for e in engines])
+        call_all(engines, "load_weight_bucket", ref, role="engine")
         del ref
         buckets += 1
         tensors += len(bucket)
         total_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
-    ray.get([e.finish_weight_update.remote() for e in engines])
+    call_all(engines, "finish_weight_update", role="engine")
     return SyncStats(seconds=time.perf_counter() - start, bytes=total_bytes, buckets=buckets, tensors=tensors)

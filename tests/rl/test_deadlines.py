@@ -1,0 +1,133 @@
+"""Deadlines on the online loop's remote calls (--remote_call_timeout): a hung or dead engine, an engine that dies
+or hangs before it joins the weight broadcast group, a hung or dead trainer rank. Each gives an error naming the
+role, the rank, the node and the method, within the deadline plus a few seconds (never an indefinite wait)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from rlhfkit.errors import RemoteActorDied, RemoteCallTimeout
+from rlhfkit.rollout import remote
+from rlhfkit.rollout.types import SamplingConfig
+
+DEADLINE_S = 2.0
+SLACK_S = 4.0  # Ray's own reporting of a failure on a loaded 2-core machine
+
+
+@pytest.fixture
+def short_deadline():
+    """Call it to make --remote_call_timeout 2 s (the driver's process-wide deadline) until the test ends."""
+    before = remote.remote_call_timeout()
+    yield lambda: remote.set_remote_call_timeout(DEADLINE_S)
+    remote.set_remote_call_timeout(before)
+
+
+def _named(err, text: str) -> None:
+    """The message names `text` (method on role rank) and the node: 'on node <ip> (<node id>)'."""
+    assert re.search(re.escape(text) + r" on node \d+\.\d+\.\d+\.\d+ \([0-9a-f]{12}\)", str(err)), str(err)
+
+
+def _timed(fn, *args, **kwargs):
+    began = time.monotonic()
+    with pytest.raises((RemoteCallTimeout, RemoteActorDied)) as info:
+        fn(*args, **kwargs)
+    took = time.monotonic() - began
+    print(f"[deadline] {type(info.value).__name__} after {took:.2f} s: {str(info.value)[:90]}")  # docs/cluster.md
+    return info.value, took
+
+
+def test_hung_then_dead_engine_is_named_within_the_deadline(ray_cluster, tiny_model_dir, short_deadline):
+    """A generate past --remote_call_timeout (SIGSTOP: alive to Ray, never answers), the health check (ping) of
+    the hung engine, then of the killed one."""
+    from rlhfkit.rollout.dispatch import generate_on_engines
+    from rlhfkit.rollout.hf_engine import create_hf_engines
+
+    [engine] = create_hf_engines(1, tiny_model_dir, dtype="float32", num_cpus_per_engine=0.25)
+    pid = ray_cluster.get(engine.whereabouts.remote())["pid"]
+    short_deadline()
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=4, n=2, seed=1)
+    os.kill(pid, signal.SIGSTOP)  # hung: alive to Ray, never answers
+    try:
+        err, took = _timed(generate_on_engines, [engine], [[1, 2, 3]], sampling)
+        assert isinstance(err, RemoteCallTimeout) and err.method == "generate" and err.ranks == [0]
+        _named(err, "generate on engine 0")
+        assert f"within {DEADLINE_S:g} s" in str(err)
+        assert DEADLINE_S <= took < DEADLINE_S + SLACK_S
+        err, took = _timed(remote.ping_engines, [engine], timeout_s=1.0)  # the health check before each step
+        assert isinstance(err, RemoteCallTimeout) and "ping on engine 0" in str(err) and took < 1.0 + SLACK_S
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    ray_cluster.kill(engine)  # dead: named at once, not at the deadline
+    err, took = _timed(remote.ping_engines, [engine])
+    assert isinstance(err, RemoteActorDied)
+    _named(err, "ping on engine 0")
+    assert "the actor died" in str(err) and took < SLACK_S
+
+
+class _FaultyEngine:
+    """Injects a fault into the broadcast group's rendezvous: it answers `weight_sync_info`, then dies (or hangs)
+    in `join_weight_group`, before it reaches the group."""
+
+    def __init__(self, fault: str) -> None:
+        self.fault = fault
+
+    def weight_sync_info(self) -> dict:
+        return {"workers": 1, "cuda": False}
+
+    def join_weight_group(self, *args) -> list[int]:
+        if self.fault == "die":
+            os._exit(1)
+        time.sleep(3600)
+        return [1]
+
+
+def test_engine_that_dies_or_hangs_before_joining_the_broadcast_group_is_named(ray_cluster, short_deadline):
+    """Was a 600 s wait in the sender's group constructor; now at once (dead) or at the deadline (hung)."""
+    from rlhfkit.rollout.weight_broadcast import WeightBroadcaster
+
+    short_deadline()
+    faulty = ray_cluster.remote(_FaultyEngine)
+    dying, hanging = faulty.options(num_cpus=0).remote("die"), faulty.options(num_cpus=0).remote("hang")
+    ray_cluster.get([dying.weight_sync_info.remote(), hanging.weight_sync_info.remote()])  # both started
+    err, took = _timed(WeightBroadcaster, [dying], "gloo", timeout_s=60.0)
+    assert isinstance(err, RemoteActorDied) and err.method == "join_weight_group"
+    _named(err, "join_weight_group on engine 0")
+    assert took < SLACK_S
+    err, took = _timed(WeightBroadcaster, [hanging], "gloo")  # the driver's deadline, 2 s
+    assert isinstance(err, RemoteCallTimeout) and "join_weight_group on engine 0" in str(err)
+    assert DEADLINE_S <= took < DEADLINE_S + SLACK_S
+    ray_cluster.kill(hanging)
+
+
+def test_hung_then_dead_trainer_rank_is_named(ray_cluster, short_deadline):
+    """A model-group call (what every actor / reference / critic / reward step is) past --remote_call_timeout, or
+    to a rank that died, names the role, the rank, the node and the method."""
+    from ray.util.placement_group import remove_placement_group
+
+    from rlhfkit.rl.group import ModelGroup, make_placement_group
+
+    pg = make_placement_group(1, 1, 0.5)
+    group = ModelGroup("critic", {"seed": 0, "verbose": True, "critic_num_nodes": 1}, pg, 1)
+    try:
+        [pid] = [w["pid"] for w in group.call("whereabouts")]
+        short_deadline()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            err, took = _timed(group.call, "compute_threads")
+            assert isinstance(err, RemoteCallTimeout) and err.role == "critic" and err.ranks == [0]
+            _named(err, "compute_threads on critic rank 0")
+            assert DEADLINE_S <= took < DEADLINE_S + SLACK_S
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        ray_cluster.kill(group.workers[0])
+        err, took = _timed(group.call, "compute_threads")
+        assert isinstance(err, RemoteActorDied) and err.ranks == [0] and took < SLACK_S
+        _named(err, "compute_threads on critic rank 0")
+    finally:
+        group.shutdown()
+        remove_placement_group(pg)
