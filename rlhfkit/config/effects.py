@@ -4,7 +4,7 @@ A key is a flag name (`"eps_clip"`), standing for every command that has the fla
 code (the offline methods share one training loop and one engine), or `"command:flag"` (`"ppo:learning_rate"`) where
 a command's path differs; the command-specific key wins. `tests/config/test_option_effects.py` fails when an option
 of any command has no entry, when a named test does not exist, or when the test's source never names the flag.
-`python -m rlhfkit.config.docs` renders the table into docs/options.md.
+`python -m rlhfkit.cli.docs` renders the table into docs/options.md.
 """
 
 from __future__ import annotations

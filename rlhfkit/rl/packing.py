@@ -29,7 +29,8 @@ class PackedRollout:
 
     input_ids, position_ids: [1, L]; group, segment: [L] (which prompt; -1 on prompt tokens, else the row);
     keep: [K] the positions whose logits are needed; pick: [B, W] index into `keep` of the position that predicts
-    response token t of row r; labels: [B, W]; valid: [B, W] (t < that row's response length).
+    response token t of row r; labels: [B, W]; valid: [B, W] (t < that row's response length); last: [B] the
+    packed position of each row's last real token (a reward model's score is read there).
     """
 
     input_ids: torch.Tensor
@@ -40,6 +41,7 @@ class PackedRollout:
     pick: torch.Tensor
     labels: torch.Tensor
     valid: torch.Tensor
+    last: torch.Tensor
 
     @property
     def num_tokens(self) -> int:
@@ -60,49 +62,74 @@ class PackedRollout:
 def pack_rollout(sequences: torch.Tensor, attention_mask: torch.Tensor, response_width: int) -> PackedRollout:
     """Pack rows of `sequences` ([B, P + W]: prompt left-padded in the first P columns, response right-padded in the
     last W) into one row, each distinct prompt once (see the module docstring)."""
-    rows, width = sequences.shape
-    prompt_width = width - response_width
+    prompt_width = sequences.shape[1] - response_width
     seq, real = sequences.cpu(), attention_mask.cpu().bool()
+    prompts, responses = [], []
+    for r in range(seq.shape[0]):
+        n = int(real[r, prompt_width:].sum())
+        if not bool(real[r, prompt_width:prompt_width + n].all()):
+            raise ValueError(f"row {r}: packing needs a right-padded response (its attention mask has a hole)")
+        prompts.append(seq[r, :prompt_width][real[r, :prompt_width]].tolist())
+        responses.append(seq[r, prompt_width:prompt_width + n].tolist())
+    return pack_rows(prompts, responses, response_width, sequences.device)
+
+
+def pack_scored_rows(sequences: torch.Tensor, attention_mask: torch.Tensor,
+                     prompt_lengths: torch.Tensor) -> PackedRollout:
+    """Pack left-padded prompt + response rows (a reward model's batch, `reward_batch`) given each row's prompt
+    length, so the samples of a prompt share it."""
+    seq, real = sequences.cpu(), attention_mask.cpu().bool()
+    prompts, responses = [], []
+    for r in range(seq.shape[0]):
+        row = seq[r][real[r]].tolist()
+        cut = int(prompt_lengths[r])
+        prompts.append(row[:cut])
+        responses.append(row[cut:])
+    return pack_rows(prompts, responses, max(1, max(map(len, responses))), sequences.device)
+
+
+def pack_rows(prompts: list[list[int]], responses: list[list[int]], response_width: int,
+              device: torch.device | str = "cpu") -> PackedRollout:
+    """One packed row from each sample's prompt and response tokens; equal prompts are laid out once."""
+    rows = len(prompts)
     tokens: list[int] = []
     positions: list[int] = []
     group: list[int] = []
     segment: list[int] = []
-    prompts: dict[tuple[int, ...], tuple[int, int]] = {}  # prompt tokens -> (group, packed index of its last token)
+    laid_out: dict[tuple[int, ...], tuple[int, int]] = {}  # prompt tokens -> (group, packed index of its last token)
     pick = torch.zeros(rows, response_width, dtype=torch.long)
     labels = torch.zeros(rows, response_width, dtype=torch.long)
     valid = torch.zeros(rows, response_width, dtype=torch.bool)
-    for r in range(rows):
-        prompt = seq[r, :prompt_width][real[r, :prompt_width]].tolist()
-        n = int(real[r, prompt_width:].sum())
-        if not prompt or not bool(real[r, prompt_width:prompt_width + n].all()):
-            raise ValueError(f"row {r}: packing needs a non-empty left-padded prompt and a right-padded response")
+    last_token = torch.zeros(rows, dtype=torch.long)
+    for r, (prompt, response) in enumerate(zip(prompts, responses)):
+        if not prompt:
+            raise ValueError(f"row {r}: packing needs a non-empty prompt")
         key = tuple(prompt)
-        if key not in prompts:
+        if key not in laid_out:
             tokens += prompt
             positions += range(len(prompt))
-            group += [len(prompts)] * len(prompt)
+            group += [len(laid_out)] * len(prompt)
             segment += [-1] * len(prompt)
-            prompts[key] = (len(prompts), len(tokens) - 1)
-        g, last = prompts[key]
-        start = len(tokens)
-        response = seq[r, prompt_width:prompt_width + n]
-        tokens += response.tolist()
+            laid_out[key] = (len(laid_out), len(tokens) - 1)
+        g, last = laid_out[key]
+        start, n = len(tokens), len(response)
+        tokens += response
         positions += range(len(prompt), len(prompt) + n)
         group += [g] * n
         segment += [r] * n
         pick[r, :n] = torch.arange(start - 1, start + n - 1)
         if n:
             pick[r, 0] = last
-        labels[r, :n] = response
+            labels[r, :n] = torch.tensor(response)
         valid[r, :n] = True
+        last_token[r] = start + n - 1 if n else last
     keep = torch.unique(pick[valid])
     pick = torch.searchsorted(keep, pick).clamp(max=max(len(keep) - 1, 0)).masked_fill(~valid, 0)
-    device = sequences.device
     return PackedRollout(input_ids=torch.tensor([tokens], device=device),
                          position_ids=torch.tensor([positions], device=device),
                          group=torch.tensor(group, device=device), segment=torch.tensor(segment, device=device),
                          keep=keep.to(device), pick=pick.to(device), labels=labels.to(device),
-                         valid=valid.to(device))
+                         valid=valid.to(device), last=last_token.to(device))
 
 
 def packed_response_log_probs(model: torch.nn.Module, packed: PackedRollout, temperature: float, *,
@@ -124,3 +151,16 @@ def packed_response_log_probs(model: torch.nn.Module, packed: PackedRollout, tem
     if with_entropy:
         entropy = entropy_from_logits(logits.detach())[packed.pick].masked_fill(~packed.valid, 0.0)
     return log_probs, entropy
+
+
+def packed_scalar_outputs(model: torch.nn.Module, packed: PackedRollout, *, mask_dtype: torch.dtype,
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A `score`-head model (critic, reward model) on the packed row: (the value at each row's last real token [B]
+    (the reward), the value of the state before each response token [B, W], 0 past a row's response), float32.
+    The state before response token t is read at the position that predicts it, as the padded critic does."""
+    from rlhfkit.models.loading import head_values
+
+    values = head_values(model, input_ids=packed.input_ids, position_ids=packed.position_ids,
+                         attention_mask=packed.attention_mask(mask_dtype), use_cache=False)[0].float()  # [L]
+    token_values = values[packed.keep][packed.pick].masked_fill(~packed.valid, 0.0)
+    return values[packed.last], token_values

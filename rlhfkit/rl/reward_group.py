@@ -66,7 +66,8 @@ def text_sources(cfg: Any) -> list[Any]:
 
 
 def reward_batch(samples: Sequence[RolloutSample], eos_token_id: int, pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Left-padded `sequences` / `attention_mask` of prompt + response, trailing eos/pad dropped, one eos appended."""
+    """Left-padded `sequences` / `attention_mask` of prompt + response, trailing eos/pad dropped, one eos appended;
+    `prompt_lengths` [B] (for --packing_samples, which computes a prompt shared by several samples once)."""
     rows = []
     for s in samples:
         response = list(s.response_ids)
@@ -79,7 +80,8 @@ def reward_batch(samples: Sequence[RolloutSample], eos_token_id: int, pad_token_
     for i, row in enumerate(rows):
         sequences[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
         mask[i, width - len(row):] = 1
-    return {"sequences": sequences, "attention_mask": mask}
+    return {"sequences": sequences, "attention_mask": mask,
+            "prompt_lengths": torch.tensor([len(s.prompt_ids) for s in samples], dtype=torch.long)}
 
 
 class RolloutRewards:

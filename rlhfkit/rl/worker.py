@@ -31,7 +31,8 @@ from rlhfkit.engine.fsdp import shard_model
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.models.logprobs import log_probs_from_logits
 from rlhfkit.rl.experience import position_ids, sort_rows_by_length, sort_rows_by_prompt, trim_padding
-from rlhfkit.rl.packing import pack_rollout, packed_response_log_probs
+from rlhfkit.rl.packing import (PackedRollout, pack_rollout, pack_scored_rows, packed_response_log_probs,
+                                packed_scalar_outputs)
 from rlhfkit.rollout.types import SyncStats
 
 
@@ -93,7 +94,7 @@ class ModelWorker:
         else:
             quantized = trainable and bool(getattr(self.cfg, "load_in_4bit", False))  # QLoRA actor
             if quantized and self.cfg.lora_rank <= 0:
-                from rlhfkit.config.parse import ConfigError
+                from rlhfkit.errors import ConfigError
 
                 raise ConfigError("--load_in_4bit needs --lora_rank > 0: 4-bit base weights cannot be trained, only "
                                   "LoRA adapters on them (QLoRA)")
@@ -179,15 +180,21 @@ class ModelWorker:
         return {k: v.to(self.dist.device) for k, v in batch.items()}
 
     # ----------------------------------------------------------------- forward passes
+    def _pack(self, mb: dict[str, torch.Tensor]) -> PackedRollout:
+        return pack_rollout(mb["sequences"], mb["attention_mask"], mb["action_mask"].shape[1])
+
+    def _mask_dtype(self) -> torch.dtype:
+        """The packed row's additive mask is in the compute dtype (sdpa takes no other)."""
+        from rlhfkit.engine.fsdp import compute_dtype
+
+        return compute_dtype(self.cfg.param_dtype, self.dist.device)
+
     def _action_log_probs(self, mb: dict[str, torch.Tensor], with_entropy: bool = False):
         seq, mask = mb["sequences"], mb["attention_mask"]
         width = mb["action_mask"].shape[1]
         if self.cfg.packing_samples:  # one packed row, each shared prompt once (rl/packing.py)
-            from rlhfkit.engine.fsdp import compute_dtype
-
-            return packed_response_log_probs(self.model, pack_rollout(seq, mask, width), self.cfg.temperature,
-                                             mask_dtype=compute_dtype(self.cfg.param_dtype, self.dist.device),
-                                             with_entropy=with_entropy)
+            return packed_response_log_probs(self.model, self._pack(mb), self.cfg.temperature,
+                                             mask_dtype=self._mask_dtype(), with_entropy=with_entropy)
         # Only the positions that predict response tokens need the (vocab-sized) LM head.
         logits = self.model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask),
                             logits_to_keep=width + 1).logits
@@ -229,7 +236,11 @@ class ModelWorker:
         with self._frozen_on_device():
             for mb in micro_batches(batch, self.cfg.micro_rollout_batch_size):
                 mb = self._to_device(mb)
-                last, _ = scalar_outputs(self.model, mb["sequences"], mb["attention_mask"])
+                if self.cfg.packing_samples:
+                    packed = pack_scored_rows(mb["sequences"], mb["attention_mask"], mb["prompt_lengths"])
+                    last, _ = packed_scalar_outputs(self.model, packed, mask_dtype=self._mask_dtype())
+                else:
+                    last, _ = scalar_outputs(self.model, mb["sequences"], mb["attention_mask"])
                 out.append(((last.float() - self.reward_mean) / self.reward_std).cpu())
         return torch.cat(out)
 
@@ -237,6 +248,8 @@ class ModelWorker:
         from rlhfkit.models.loading import scalar_outputs
 
         width = mb["action_mask"].shape[1]
+        if self.cfg.packing_samples:
+            return packed_scalar_outputs(self.model, self._pack(mb), mask_dtype=self._mask_dtype())[1]
         _, token_values = scalar_outputs(self.model, mb["sequences"], mb["attention_mask"])
         # The value of the state before response token t is read at the position that predicts it.
         return token_values[:, -width - 1:-1].float()
@@ -376,7 +389,8 @@ class ModelWorker:
         self.model.train()
         sums: dict[str, float] = {}
         dump: list[dict[str, Any]] | None = [] if "row_index" in shard else None  # --debug_dump_steps
-        for mb in micro_batches(sort_rows_by_length(shard), cfg.micro_train_batch_size):
+        ordered = sort_rows_by_prompt(shard) if cfg.packing_samples else sort_rows_by_length(shard)
+        for mb in micro_batches(ordered, cfg.micro_train_batch_size):
             mb = self._to_device(trim_padding(mb))
             values = self._values(mb)
             token_out: dict[str, torch.Tensor] | None = {} if dump is not None else None

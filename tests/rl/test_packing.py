@@ -8,11 +8,11 @@ import torch
 from ppo_helpers import assert_same_step, run
 
 from rlhfkit.algorithms.entropy import entropy_from_logits
-from rlhfkit.models.loading import load_causal_lm
+from rlhfkit.models.loading import load_causal_lm, load_scalar_model, scalar_outputs
 from rlhfkit.models.logprobs import log_probs_from_logits
 from rlhfkit.models.tiny import build_tiny_moe_causal_lm
 from rlhfkit.rl.experience import build_experience, position_ids, trim_padding
-from rlhfkit.rl.packing import pack_rollout, packed_response_log_probs
+from rlhfkit.rl.packing import pack_rollout, pack_scored_rows, packed_response_log_probs, packed_scalar_outputs
 
 PROMPTS = [[5, 6, 7, 8, 9], [5, 6, 7, 8, 9], [5, 6, 7, 8, 9], [11, 12], [11, 12], [13, 14, 15]]
 RESPONSES = [[20, 21, 22], [23], [24, 25, 26, 27, 28], [29, 30], [], [31, 32, 33, 34]]
@@ -51,6 +51,7 @@ def test_the_packed_row_holds_each_prompt_once_and_every_response():
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_packed_log_probs_entropy_and_gradients_equal_the_padded_forward(tiny_model_dir, attn, temperature):
+    """What the workers compute per micro-batch with packing_samples on, against the padded forward."""
     mb = _micro_batch()
     valid = mb["action_mask"]
     weights = torch.linspace(-1.0, 2.0, valid.numel()).view_as(valid) * valid
@@ -97,15 +98,18 @@ def test_a_response_with_a_hole_in_its_attention_is_refused():
 
 
 @pytest.mark.slow
-def test_a_packed_ppo_step_equals_the_padded_one(tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
-    """The whole step, through the Ray workers: the actor's training pass and the reference's log-probs (a KL loss,
-    so both forwards are packed) give the padded run's metrics and weights."""
+def test_a_packed_ppo_step_equals_the_padded_one(tiny_model_dir, tiny_reward_model_dir, echo_prompt_file,
+                                                rollout_vllm_engine, tmp_path):
+    """The whole step through the Ray workers, with all four models packed: the actor's training pass, the
+    reference's log-probs (a KL loss), the critic's values and value step (gae), the reward model's scores. Every
+    metric and the saved actor weights equal the padded run's."""
     flags = {"max_samples": 4, "init_kl_coef": 0.1, "use_kl_loss": True, "kl_estimator": "k3",
-             "micro_train_batch_size": 8}
+             "micro_train_batch_size": 8, "advantage_estimator": "gae", "remote_rm_url": None,
+             "reward_pretrain": tiny_reward_model_dir, "critic_learning_rate": 5e-3}
     padded = run(tiny_model_dir, echo_prompt_file, tmp_path / "padded", rollout_vllm_engine, **flags)
     packed = run(tiny_model_dir, echo_prompt_file, tmp_path / "packed", rollout_vllm_engine, packing_samples=True,
                  **flags)
-    assert "train/kl_loss" in packed[0]
+    assert {"train/kl_loss", "train/critic_loss", "train/values_mean"} <= packed[0].keys()
     assert_same_step(padded, packed, tmp_path / "padded", tmp_path / "packed", tiny_model_dir)
 
 
@@ -133,3 +137,43 @@ def test_the_mfu_token_count_of_a_packed_pass_counts_each_prompt_once():
     mb = _micro_batch()
     assert packed_tokens(exp) == pack_rollout(mb["sequences"], mb["attention_mask"], mb["action_mask"].shape[1]
                                               ).num_tokens
+
+
+def test_packed_values_and_rewards_equal_the_padded_critic_and_reward_model(tiny_reward_model_dir):
+    """Critic: the value of the state before each response token (with its gradient); reward model: the score at
+    each row's last token, from the left-padded prompt + response batch `reward_batch` builds."""
+    from rlhfkit.rl.reward_group import reward_batch
+    from rlhfkit.rollout.types import RolloutSample
+
+    mb = _micro_batch()
+    valid = mb["action_mask"]
+    width = valid.shape[1]
+    weights = torch.linspace(-1.0, 2.0, valid.numel()).view_as(valid) * valid
+    results = []
+    for packed in (False, True):
+        model = load_scalar_model(tiny_reward_model_dir)
+        if packed:
+            rollout = pack_rollout(mb["sequences"], mb["attention_mask"], width)
+            values = packed_scalar_outputs(model, rollout, mask_dtype=torch.float32)[1]
+        else:
+            values = scalar_outputs(model, mb["sequences"], mb["attention_mask"])[1][:, -width - 1:-1]
+        (values * weights).sum().backward()
+        results.append((values.detach() * valid, {n: p.grad.clone() for n, p in model.named_parameters()
+                                                  if p.grad is not None}))
+    (v_pad, g_pad), (v_pack, g_pack) = results
+    assert v_pad.abs().sum() > 0.1
+    torch.testing.assert_close(v_pack, v_pad, rtol=0, atol=2e-5)
+    for name, expected in g_pad.items():
+        torch.testing.assert_close(g_pack[name], expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()))
+
+    samples = [RolloutSample(k, i, p, r + [2], [0.0] * (len(r) + 1), "stop")
+               for i, (k, p, r) in enumerate(zip([0, 0, 0, 1, 1, 2], PROMPTS, RESPONSES))]
+    batch = reward_batch(samples, eos_token_id=2, pad_token_id=0)
+    model = load_scalar_model(tiny_reward_model_dir)
+    with torch.no_grad():
+        padded = scalar_outputs(model, batch["sequences"], batch["attention_mask"])[0]
+        rows = pack_scored_rows(batch["sequences"], batch["attention_mask"], batch["prompt_lengths"])
+        packed = packed_scalar_outputs(model, rows, mask_dtype=torch.float32)[0]
+    assert rows.num_tokens == 5 + 2 + 3 + sum(len(r) + 1 for r in RESPONSES)
+    assert padded.std() > 0
+    torch.testing.assert_close(packed, padded, rtol=0, atol=2e-5)
