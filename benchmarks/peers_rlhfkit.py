@@ -30,7 +30,10 @@ def flags_for(spec: dict[str, Any], run: Path) -> dict[str, Any]:
     common = {"pretrain": spec["model"], "run_dir": str(run / "run"), "save_path": str(run / "model"),
               "ckpt_path": str(run / "ckpt"), "param_dtype": spec["precision"], "seed": spec["seed"],
               "lr_scheduler": "constant", "lr_warmup_ratio": 0.0, "micro_train_batch_size": spec["micro"],
-              "train_batch_size": spec["batch"]}
+              "train_batch_size": spec["batch"],
+              # padding-free rows, a group's prompt computed once: the same losses and gradients as padded rows
+              # (tests/rl/test_packing.py, tests/trainers/test_method_losses.py), fewer tokens through the model
+              "packing_samples": True}
     if spec["kind"] in ONLINE:
         online = {**common, "prompt_data": spec["data"], "input_key": "input", "apply_chat_template": True,
                   "n_samples_per_prompt": spec["samples"], "rollout_batch_size": spec["prompts"],
