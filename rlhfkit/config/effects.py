@@ -368,6 +368,9 @@ EFFECTS: dict[str, Effect] = {
     "use_dynamic_batch": _t("micro-batches by token budget; the update equals the fixed-size one", _PPO_MICRO,
                             _PPO_OPTS + "test_dynamic_batch_gives_the_same_update"),
     "train_max_tokens_per_gpu": _t("the token budget of --use_dynamic_batch micro-batches", _PPO_MICRO),
+    "rollout_max_tokens_per_gpu": _t("the token budget of the forward passes' micro-batches; same outputs",
+                                     _PPO + "test_forward_micro_batches_follow_the_rollout_budget",
+                                     _PPO_OPTS + "test_dynamic_batch_gives_the_same_update"),
     "ppo:packing_samples": _t("one packed row per micro-batch, each shared prompt once; the packed step equals the "
                               "padded one (metrics and weights)",
                               "tests/rl/test_packing.py::test_a_packed_ppo_step_equals_the_padded_one",

@@ -128,6 +128,9 @@ class RLAlgorithmOptions:
                                        "and gradients as padded rows, fewer tokens through the model (docs/rl.md)")
     use_dynamic_batch: bool = opt(False, "training micro-batches by token budget instead of row count")
     train_max_tokens_per_gpu: int = opt(16192, "token budget per micro-batch with --use_dynamic_batch")
+    rollout_max_tokens_per_gpu: int | None = opt(None, "token budget per forward micro-batch of the log-prob, value "
+                                                       "and reward passes with --use_dynamic_batch (unset: "
+                                                       "--train_max_tokens_per_gpu)")
     async_train: bool = opt(False, "generate step t+1's rollout while step t trains (one step off-policy; pair "
                                    "with --enable_vllm_is_correction); not with --colocate_all_models")
     async_queue_size: int = opt(1, "rollouts generated ahead with --async_train (1: the one-step pipeline)")

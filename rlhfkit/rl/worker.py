@@ -31,8 +31,13 @@ from rlhfkit.engine.fsdp import shard_model
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.models.logprobs import log_probs_from_logits
 from rlhfkit.rl.experience import position_ids, sort_rows_by_length, sort_rows_by_prompt, trim_padding
-from rlhfkit.rl.packing import (PackedRollout, pack_rollout, pack_scored_rows, packed_response_log_probs,
-                                packed_scalar_outputs)
+from rlhfkit.rl.packing import (
+    PackedRollout,
+    pack_rollout,
+    pack_scored_rows,
+    packed_response_log_probs,
+    packed_scalar_outputs,
+)
 from rlhfkit.rollout.types import SyncStats
 
 
@@ -51,6 +56,14 @@ def micro_batches(batch: dict[str, torch.Tensor], size: int, max_tokens: int | N
             used += n
         bounds.append((start, rows))
     return [{k: v[a:b] for k, v in batch.items()} for a, b in bounds]
+
+
+def rollout_budget(cfg: Any) -> int | None:
+    """Token budget of a forward micro-batch (log-probs, values, rewards) with --use_dynamic_batch:
+    --rollout_max_tokens_per_gpu, else --train_max_tokens_per_gpu (OpenRLHF's fallback); None without it."""
+    if not cfg.use_dynamic_batch:
+        return None
+    return cfg.rollout_max_tokens_per_gpu or cfg.train_max_tokens_per_gpu
 
 
 class ModelWorker:
@@ -210,7 +223,7 @@ class ModelWorker:
         width = batch["action_mask"].shape[1]
         with self._frozen_on_device():
             out = [_pad_to(self._action_log_probs(self._to_device(trim_padding(mb)))[0].cpu(), width)
-                   for mb in micro_batches(batch, self.cfg.micro_rollout_batch_size)]
+                   for mb in micro_batches(batch, self.cfg.micro_rollout_batch_size, rollout_budget(self.cfg))]
         return torch.cat(out)
 
     @torch.no_grad()
@@ -234,7 +247,7 @@ class ModelWorker:
         self.model.eval()
         out = []
         with self._frozen_on_device():
-            for mb in micro_batches(batch, self.cfg.micro_rollout_batch_size):
+            for mb in micro_batches(batch, self.cfg.micro_rollout_batch_size, rollout_budget(self.cfg)):
                 mb = self._to_device(mb)
                 if self.cfg.packing_samples:
                     packed = pack_scored_rows(mb["sequences"], mb["attention_mask"], mb["prompt_lengths"])
@@ -259,7 +272,7 @@ class ModelWorker:
         """Critic values of the states before each response token, [B, R]."""
         self.model.eval()
         width = batch["action_mask"].shape[1]
-        chunks = micro_batches(batch, self.cfg.micro_rollout_batch_size)
+        chunks = micro_batches(batch, self.cfg.micro_rollout_batch_size, rollout_budget(self.cfg))
         out = [_pad_to(self._values(self._to_device(trim_padding(mb))).cpu(), width) for mb in chunks]
         return torch.cat(out)
 

@@ -43,7 +43,7 @@ def _run_setup(monkeypatch, cfg) -> dict:
     monkeypatch.setattr(setup, "load_prompts", prompts)
     monkeypatch.setattr(setup, "load_ptx", lambda cfg, tok: seen.setdefault("ptx", real_ptx(cfg, tok)))
 
-    def groups(cfg, worker_cfg, updates, has_critic, need_ref, reward_specs, placement, made):
+    def groups(cfg, plan, worker_cfg, updates, reward_specs, placement, made):
         seen.update(updates=updates, roles=sorted(placement.groups))
         raise Reached
 
@@ -215,6 +215,27 @@ def test_training_micro_batches_follow_the_flags():
     assert sizes(("micro_train_batch_size", 3)) == [3, 3, 2]
     # --use_dynamic_batch: rows up to --train_max_tokens_per_gpu real tokens each
     assert sizes(("use_dynamic_batch", True), ("train_max_tokens_per_gpu", 8)) == [3, 2, 1, 1, 1]
+
+
+def test_forward_micro_batches_follow_the_rollout_budget():
+    """--rollout_max_tokens_per_gpu cuts the log-prob / value / reward passes by real tokens under
+    --use_dynamic_batch (falling back to --train_max_tokens_per_gpu); rows keep their order."""
+    from rlhfkit.rl.worker import micro_batches, rollout_budget
+
+    lengths = [2, 5, 3, 4, 4, 2]
+    mask = torch.tensor([[1] * n + [0] * (8 - n) for n in lengths])
+    batch = {"sequences": torch.arange(6).view(6, 1).expand(6, 8), "attention_mask": mask}
+
+    def rows(*flags):
+        cfg = ppo_cfg(**dict(flags))
+        return [mb["sequences"][:, 0].tolist() for mb in micro_batches(batch, cfg.micro_rollout_batch_size,
+                                                                          rollout_budget(cfg))]
+
+    assert rows(("micro_rollout_batch_size", 4)) == [[0, 1, 2, 3], [4, 5]]  # no budget without the switch
+    assert rows(("micro_rollout_batch_size", 4), ("rollout_max_tokens_per_gpu", 8)) == [[0, 1, 2, 3], [4, 5]]
+    dynamic = ("use_dynamic_batch", True)
+    assert rows(dynamic, ("rollout_max_tokens_per_gpu", 8)) == [[0, 1], [2, 3], [4, 5]]
+    assert rows(dynamic, ("train_max_tokens_per_gpu", 10)) == [[0, 1, 2], [3, 4, 5]]
 
 
 def test_rollout_backend_and_vllm_dtype_pick_the_engines(monkeypatch):

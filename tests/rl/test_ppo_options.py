@@ -32,7 +32,7 @@ def test_dynamic_filtering_drops_all_equal_groups_and_refills(tiny_model_dir, ec
 def test_dynamic_batch_gives_the_same_update(tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
     fixed = run(tiny_model_dir, echo_prompt_file, tmp_path / "fixed", rollout_vllm_engine, max_samples=4)
     dynamic = run(tiny_model_dir, echo_prompt_file, tmp_path / "dynamic", rollout_vllm_engine, max_samples=4,
-                  use_dynamic_batch=True, train_max_tokens_per_gpu=300)
+                  use_dynamic_batch=True, train_max_tokens_per_gpu=300, rollout_max_tokens_per_gpu=200)
     assert_same_step(fixed, dynamic, tmp_path / "fixed", tmp_path / "dynamic", tiny_model_dir)
 
 
