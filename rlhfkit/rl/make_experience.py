@@ -21,6 +21,7 @@ from rlhfkit.algorithms.kl import compute_kl
 from rlhfkit.algorithms.normalize import masked_mean
 from rlhfkit.algorithms.offpolicy import logprob_mismatch
 from rlhfkit.algorithms.rewards import length_penalties
+from rlhfkit.config.plan import kl_mode_of
 from rlhfkit.rl.experience import Experience, build_experience
 from rlhfkit.rl.group import run_side_by_side
 from rlhfkit.rollout.dispatch import generate_on_engines
@@ -175,7 +176,8 @@ def old_log_probs_from_training_pass(cfg: Any, rows: int, has_ref: bool) -> bool
     step), so the policy that would compute them in a separate pass is the one being trained, and no reward-side KL
     needs them before the advantages. The worker still runs a separate no-grad pass for models with active dropout."""
     return (not cfg.recompute_old_log_probs and cfg.max_epochs == 1 and rows <= cfg.train_batch_size
-            and cfg.freezing_actor_steps <= 0 and (not has_ref or cfg.use_kl_loss))
+            and cfg.freezing_actor_steps <= 0
+            and (not has_ref or kl_mode_of(cfg.init_kl_coef, cfg.use_kl_loss) == "loss"))
 
 
 def fill_log_probs_and_advantages(exp: Experience, cfg: Any, actor: Any, ref: Any | None, critic: Any | None,
@@ -204,7 +206,8 @@ def fill_log_probs_and_advantages(exp: Experience, cfg: Any, actor: Any, ref: An
     if critic is not None:
         exp.values = results.pop(0)
     timer.add("log_probs", began)
-    kl_coef = 0.0 if (cfg.use_kl_loss or ref is None) else (cfg.init_kl_coef if kl_coef is None else kl_coef)
+    penalty = ref is not None and kl_mode_of(cfg.init_kl_coef, cfg.use_kl_loss) == "penalty"
+    kl_coef = (cfg.init_kl_coef if kl_coef is None else kl_coef) if penalty else 0.0
     exp.advantages, exp.returns = compute_advantages_and_returns(
         cfg.advantage_estimator, exp.rewards, mask, n_samples_per_prompt=cfg.n_samples_per_prompt,
         values=exp.values, kl=exp.kl, kl_coef=kl_coef, gamma=cfg.gamma, lambd=cfg.lambd,

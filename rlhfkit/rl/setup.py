@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from rlhfkit.agents.environment import AgentSpec, load_agent
-from rlhfkit.algorithms.advantages import GROUP_ESTIMATORS
 from rlhfkit.algorithms.rewards import AdaptiveKLController, FixedKLController
 from rlhfkit.config.parse import config_to_dict
+from rlhfkit.config.plan import RLPlan, resolve_plan
 from rlhfkit.config.validate import require
 from rlhfkit.data.prompts import build_prompt_samples
 from rlhfkit.data.readers import blend_datasets
@@ -36,7 +36,7 @@ from rlhfkit.rl.group import ModelGroup, make_placement_group
 from rlhfkit.rl.make_experience import PromptStream
 from rlhfkit.rl.reward_group import RolloutRewards, model_specs, text_sources
 from rlhfkit.rl.sync_check import SyncCheck
-from rlhfkit.rl.weight_push import push_actor_weights, resolve_sync_backend
+from rlhfkit.rl.weight_push import push_actor_weights
 from rlhfkit.rollout.remote import call_all, set_remote_call_timeout, wait_remote
 
 log = logging.getLogger("rlhfkit")
@@ -68,6 +68,7 @@ class RLSetup:
     sync_check: SyncCheck | None = None                       # engines vs trainer log-probs after each sync
     flops: FlopModel | None = None                            # the actor's FLOPs per token (perf/mfu_* metrics)
     kl_ctl: Any = None                                        # KL coefficient: fixed, or adaptive (--kl_target)
+    plan: RLPlan | None = None                                # the facts derived from the flags (config/plan.py)
 
     @property
     def groups(self) -> list[ModelGroup]:
@@ -129,11 +130,11 @@ def validate_rl(cfg: Any) -> None:
     if not (cfg.remote_rm_url or cfg.reward_pretrain or cfg.agent_func_path):
         raise ConfigError("give a reward: --remote_rm_url (reward_func .py, builtin:NAME or http URL) "
                           "or --reward_pretrain")
-    if cfg.advantage_estimator in ("group_norm", "dr_grpo", "rloo", "reinforce_baseline") and \
-            cfg.n_samples_per_prompt < 2:
+    plan = resolve_plan(cfg)
+    if plan.group_estimator and cfg.n_samples_per_prompt < 2:
         raise ConfigError(f"--advantage_estimator {cfg.advantage_estimator} compares the samples of a prompt: "
                           "set --n_samples_per_prompt >= 2")
-    if cfg.advantage_estimator in GROUP_ESTIMATORS and cfg.gamma != 1.0:
+    if plan.group_estimator and cfg.gamma != 1.0:
         raise ConfigError(f"--gamma {cfg.gamma} with --advantage_estimator {cfg.advantage_estimator}: a group "
                           "baseline compares whole-response rewards, so the returns are undiscounted (OpenRLHF "
                           "sets gamma to 1 for it): drop --gamma, or use gae / reinforce")
@@ -170,7 +171,7 @@ def validate_rl(cfg: Any) -> None:
         log.warning("--async_train samples with weights one step old: add --enable_vllm_is_correction to correct "
                     "the policy loss with truncated importance weights")
     dump_steps(cfg.debug_dump_steps)  # ConfigError on a bad value
-    _validate_colocation(cfg)
+    _validate_colocation(cfg, plan)
 
 
 def kl_controller(cfg: Any) -> AdaptiveKLController | FixedKLController:
@@ -203,30 +204,25 @@ def _validate_algorithm_flags(cfg: Any) -> None:
         raise ConfigError(f"--stop_properly_penalty_coef {coef}: a scale in [0, 1], or a fixed reward < 0")
 
 
-def _world(cfg: Any, role: str) -> int:
-    return getattr(cfg, f"{role}_num_nodes") * getattr(cfg, f"{role}_num_gpus_per_node")
-
-
-def _validate_colocation(cfg: Any) -> None:
+def _validate_colocation(cfg: Any, plan: RLPlan) -> None:
     """Colocated roles share bundles rank for rank, so their rank counts must match (as in OpenRLHF)."""
-    has_critic = cfg.advantage_estimator == "gae"
+    has_critic = plan.needs_critic
     has_rm = bool(model_specs(cfg))
     pairs = []
     if cfg.colocate_all_models:
-        pairs += [("ref", cfg.init_kl_coef > 0), ("critic", has_critic), ("reward", has_rm)]
+        pairs += [("ref", plan.needs_ref), ("critic", has_critic), ("reward", has_rm)]
         pairs = [("actor", role, used) for role, used in pairs]
     else:
         if cfg.colocate_actor_ref:
-            pairs.append(("actor", "ref", cfg.init_kl_coef > 0))
+            pairs.append(("actor", "ref", plan.needs_ref))
         if cfg.colocate_critic_reward:
             pairs.append(("critic", "reward", has_critic and has_rm))
     for a, b, used in pairs:
-        if used and _world(cfg, a) != _world(cfg, b):
+        if used and plan.world(a) != plan.world(b):
             flag = "--colocate_all_models" if cfg.colocate_all_models else f"--colocate_{a}_{b}"
-            raise ConfigError(f"{flag}: the {a} has {_world(cfg, a)} ranks ({a}_num_nodes x {a}_num_gpus_per_node) "
-                              f"but the {b} {_world(cfg, b)}; colocated roles share bundles rank for rank: set "
-                              f"--{b}_num_nodes {getattr(cfg, a + '_num_nodes')} --{b}_num_gpus_per_node "
-                              f"{getattr(cfg, a + '_num_gpus_per_node')}")
+            raise ConfigError(f"{flag}: the {a} has {plan.world(a)} ranks ({a}_num_nodes x {a}_num_gpus_per_node) "
+                              f"but the {b} {plan.world(b)}; colocated roles share bundles rank for rank: set "
+                              f"--{b}_num_nodes {plan.nodes(a)} --{b}_num_gpus_per_node {plan.ranks_per_node(a)}")
 
 
 def load_prompts(cfg: Any, tokenizer: Any, spec: str, split: str, probs: str | None = None) -> list[dict]:
@@ -249,8 +245,8 @@ class Placement:
     sharing: dict[int, int] = field(default_factory=dict)  # id(placement group) -> roles on its bundles
     owned: list[Any] = field(default_factory=list)
 
-    def new(self, cfg: Any, role: str) -> Any:
-        pg = make_placement_group(getattr(cfg, f"{role}_num_nodes"), getattr(cfg, f"{role}_num_gpus_per_node"), 1.0)
+    def new(self, plan: RLPlan, role: str) -> Any:
+        pg = make_placement_group(plan.nodes(role), plan.ranks_per_node(role), 1.0)
         self.owned.append(pg)
         return pg
 
@@ -263,44 +259,42 @@ class Placement:
         return 1.0 / self.sharing[id(self.groups[role])]
 
 
-def plan_placement(cfg: Any, has_critic: bool, need_ref: bool, reward_specs: list[str],
-                   create_engines: bool) -> Placement:
+def plan_placement(cfg: Any, plan: RLPlan, reward_specs: list[str], create_engines: bool) -> Placement:
     """Placement groups per role: roles named by a colocation flag share the bundles of the group they join."""
+    has_critic, need_ref = plan.needs_critic, plan.needs_ref
     p = Placement()
-    p.put("actor", p.new(cfg, "actor"))
+    p.put("actor", p.new(plan, "actor"))
     everything = cfg.colocate_all_models
     if need_ref:
-        p.put("ref", p.groups["actor"] if (everything or cfg.colocate_actor_ref) else p.new(cfg, "ref"))
+        p.put("ref", p.groups["actor"] if (everything or cfg.colocate_actor_ref) else p.new(plan, "ref"))
     if has_critic:
-        p.put("critic", p.groups["actor"] if everything else p.new(cfg, "critic"))
+        p.put("critic", p.groups["actor"] if everything else p.new(plan, "critic"))
     for k, _ in enumerate(reward_specs):
         if everything:
             pg = p.groups["actor"]
         elif cfg.colocate_critic_reward and has_critic:
             pg = p.groups["critic"]
         else:
-            pg = p.new(cfg, "reward")
+            pg = p.new(plan, "reward")
         p.put(f"reward{k}", pg)
     if everything and create_engines:
         p.put("engines", p.groups["actor"])
     return p
 
 
-def _groups(cfg: Any, worker_cfg: dict, total_updates: int, has_critic: bool, need_ref: bool,
-            reward_specs: list[str], placement: Placement, made: list[ModelGroup]):
+def _groups(cfg: Any, plan: RLPlan, worker_cfg: dict, total_updates: int, reward_specs: list[str],
+            placement: Placement, made: list[ModelGroup]):
     """Create and initialise the model groups (appending each to `made` as soon as it exists, for clean-up).
 
     On CPU every rank computes on the node's cores split among all model ranks per node (`cpu_threads_share`):
     the roles' forwards run side by side in the log-prob phase."""
+    has_critic, need_ref = plan.needs_critic, plan.needs_ref
     roles = ["actor"] + ["ref"] * need_ref + ["critic"] * has_critic + ["reward"] * len(reward_specs)
-    worker_cfg = {**worker_cfg, "cpu_threads_share": sum(_world(cfg, r) // getattr(cfg, f"{r}_num_nodes")
-                                                         for r in roles)}
+    worker_cfg = {**worker_cfg, "cpu_threads_share": sum(plan.ranks_per_node(r) for r in roles)}
 
     def group(role: str, key: str) -> ModelGroup:
         pg = placement.groups[key]
-        world = _world(cfg, role)
-        made.append(ModelGroup(role, worker_cfg, pg, world, getattr(cfg, f"{role}_num_nodes"),
-                               placement.share(key)))
+        made.append(ModelGroup(role, worker_cfg, pg, plan.world(role), plan.nodes(role), placement.share(key)))
         return made[-1]
 
     actor = group("actor", "actor")
@@ -409,10 +403,11 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
     agent = load_agent(cfg.agent_func_path, cfg.agent_action_max_len) if cfg.agent_func_path else None
     owns_ray = start_ray(cfg)
     has_gpus = cluster_has_gpus()
-    cfg.vllm_sync_backend = resolve_sync_backend(cfg.vllm_sync_backend, has_gpus, cfg.colocate_all_models)
+    plan = resolve_plan(cfg, has_gpus)  # the derived facts, the weight transport resolved against this cluster
+    cfg.vllm_sync_backend = plan.sync_transport
     # before worker_cfg (workers get concrete dtypes); the driver never creates a CUDA context of its own
     apply_precision(cfg, "cuda" if has_gpus else "cpu", touch_device=False)
-    prepare_run_dir(cfg, True, _world(cfg, "actor"), torchrun=False)  # the driver starts the ranks: no torchrun
+    prepare_run_dir(cfg, True, plan.world("actor"), torchrun=False)  # the driver starts the ranks: no torchrun
     cfg.pretrain = resolve_pretrain(cfg.pretrain)
     tokenizer = load_tokenizer(cfg.pretrain)
     if cfg.tokenizer_chat_template:
@@ -427,21 +422,18 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
     buffer = cfg.rollout_batch_size * cfg.n_samples_per_prompt
     updates = total_steps * cfg.max_epochs * max(1, -(-buffer // cfg.train_batch_size))
     worker_cfg = {k: v for k, v in config_to_dict(cfg).items()}
-    has_critic = cfg.advantage_estimator == "gae"
-    need_ref = cfg.init_kl_coef > 0
     reward_specs = [resolve_pretrain(spec) for spec in model_specs(cfg)]
     _check_reward_tokenizers(tokenizer, reward_specs)
     if engines is None and cfg.colocate_all_models and \
-            cfg.vllm_num_engines * cfg.vllm_tensor_parallel_size != _world(cfg, "actor"):
+            cfg.vllm_num_engines * cfg.vllm_tensor_parallel_size != plan.world("actor"):
         raise ConfigError(f"--colocate_all_models: --vllm_num_engines {cfg.vllm_num_engines} x "
                           f"--vllm_tensor_parallel_size {cfg.vllm_tensor_parallel_size} must equal the actor's "
-                          f"{_world(cfg, 'actor')} ranks (one engine shard per bundle)")
-    placement = plan_placement(cfg, has_critic, need_ref, reward_specs, engines is None)
+                          f"{plan.world('actor')} ranks (one engine shard per bundle)")
+    placement = plan_placement(cfg, plan, reward_specs, engines is None)
     made: list[ModelGroup] = []
     owns_engines = engines is None
     try:
-        actor, ref, critic, reward_groups = _groups(cfg, worker_cfg, updates, has_critic, need_ref, reward_specs,
-                                                    placement, made)
+        actor, ref, critic, reward_groups = _groups(cfg, plan, worker_cfg, updates, reward_specs, placement, made)
         if engines is None:
             engines = _engines(cfg, cfg.pretrain, placement)
         else:  # reused engines start from this run's initial weights
@@ -460,6 +452,7 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
     s = RLSetup(cfg, tokenizer, prompts, eval_prompts, actor, ref, critic, engines, reward_fn, stop_ids, total_steps,
                 owns_ray=owns_ray, owns_engines=owns_engines, rewards=reward_groups, ptx=ptx,
                 placement_groups=placement.owned, agent=agent, flops=flops, sync_check=sync_check)
+    s.plan = plan
     s.phases = Phases.from_config(cfg, engines, [actor, critic], has_gpus)
     s.kl_ctl = kl_controller(cfg)
     s.summary = {"actor ranks": actor.world_size, "reference": ref.world_size if ref else "off (init_kl_coef 0)",

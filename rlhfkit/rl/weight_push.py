@@ -8,35 +8,16 @@
   in gathering the full parameters from FSDP2.
 - `auto`: nccl on GPU clusters unless --colocate_all_models puts engines and trainer on the same GPUs (NCCL cannot
   connect two processes on one GPU: then ray); gloo on CPU-only clusters (faster than ray there, see
-  docs/benchmarks.md).
+  docs/benchmarks.md). `rlhfkit.config.plan.resolve_sync_backend` resolves it once, with the run's plan.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rlhfkit.errors import ConfigError
 from rlhfkit.rl.group import ModelGroup
 from rlhfkit.rollout.types import SyncStats
 from rlhfkit.rollout.weight_sync import sync_weights
-
-
-def resolve_sync_backend(requested: str, has_gpus: bool, colocated: bool) -> str:
-    """The transport `--vllm_sync_backend requested` means on this cluster; ConfigError where it cannot work."""
-    if requested == "auto":
-        if not has_gpus:
-            return "gloo"
-        return "ray" if colocated else "nccl"
-    if requested == "nccl" and not has_gpus:
-        raise ConfigError("--vllm_sync_backend nccl needs GPUs, and this Ray cluster has none: use "
-                          "--vllm_sync_backend gloo (the same broadcast on CPU) or ray (the object store)")
-    if requested == "nccl" and colocated:
-        raise ConfigError("--vllm_sync_backend nccl cannot be used with --colocate_all_models: NCCL cannot connect "
-                          "two processes on the same GPU (trainer rank and engine share it). Use "
-                          "--vllm_sync_backend ray, gloo, or auto (which picks ray here)")
-    if requested not in ("ray", "gloo", "nccl"):
-        raise ConfigError(f"--vllm_sync_backend {requested!r}: expected auto, ray, gloo or nccl")
-    return requested
 
 
 def push_actor_weights(actor: ModelGroup, engines: list[Any], cfg: Any) -> SyncStats:

@@ -24,6 +24,7 @@ from rlhfkit.algorithms.offpolicy import importance_weights, logprob_mismatch
 from rlhfkit.algorithms.policy_loss import ppo_policy_loss
 from rlhfkit.algorithms.supervised import masked_lm_loss
 from rlhfkit.algorithms.value_loss import value_loss
+from rlhfkit.config.plan import kl_mode_of
 from rlhfkit.engine.checkpoint import load_checkpoint, save_checkpoint, save_hf_folder
 from rlhfkit.engine.cpu_threads import set_cpu_threads
 from rlhfkit.engine.distributed import init_distributed
@@ -327,7 +328,7 @@ class ModelWorker:
                                             eps_clip=cfg.eps_clip, eps_clip_low_high=cfg.eps_clip_low_high,
                                             dual_clip=cfg.dual_clip, is_weights=weights, token_out=token_out,
                                             policy_loss_type=cfg.policy_loss_type, **agg)
-            if cfg.use_kl_loss:
+            if kl_mode_of(cfg.init_kl_coef, cfg.use_kl_loss) == "loss":
                 kl_term = kl_loss(log_probs, mb["ref_log_probs"], mask, cfg.kl_estimator, num_tokens=num_tokens,
                                   old_log_probs=old if cfg.use_unbiased_kl else None)
                 loss = loss + kl_coef * kl_term

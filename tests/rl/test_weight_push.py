@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from ppo_helpers import run
 
+from rlhfkit.config.plan import resolve_sync_backend
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
 from rlhfkit.errors import ConfigError
-from rlhfkit.rl.weight_push import resolve_sync_backend
 
 HERE = Path(__file__).parent
 

@@ -1,0 +1,96 @@
+"""The facts an online run derives from its flags, resolved once (#12).
+
+`resolve_plan(cfg)` reads the ppo options and answers, in one place, what the rest of the run would otherwise
+re-derive from the raw flags:
+
+- `needs_critic`: `--advantage_estimator gae` (the only estimator with a value model);
+- `group_estimator`: the estimator compares the samples of a prompt (reinforce_baseline, group_norm, dr_grpo,
+  rloo), so it needs `--n_samples_per_prompt >= 2` and undiscounted returns;
+- `kl_mode`: "off" (`--init_kl_coef` 0: no reference model), "penalty" (the KL is subtracted from the rewards) or
+  "loss" (`--use_kl_loss`: the KL is a term of the policy loss); `needs_ref` is `kl_mode != "off"`;
+- the world size of each role (`--<role>_num_nodes x --<role>_num_gpus_per_node`);
+- `sync_transport`: the weight transport `--vllm_sync_backend` means on this cluster (ray, gloo or nccl), once the
+  driver knows whether the cluster has GPUs (`resolve_plan(cfg, has_gpus)`), else None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rlhfkit.errors import ConfigError
+
+# The estimators whose baseline is the other samples of the same prompt (rlhfkit.algorithms.advantages keeps the
+# same tuple: algorithms imports nothing of ours; tests/config/test_plan.py checks that the two agree).
+GROUP_ESTIMATORS = ("reinforce_baseline", "group_norm", "dr_grpo", "rloo")
+ROLES = ("actor", "ref", "critic", "reward")
+KLMode = Literal["off", "penalty", "loss"]
+
+
+def resolve_sync_backend(requested: str, has_gpus: bool, colocated: bool) -> str:
+    """The transport `--vllm_sync_backend requested` means on this cluster; ConfigError where it cannot work."""
+    if requested == "auto":
+        if not has_gpus:
+            return "gloo"
+        return "ray" if colocated else "nccl"
+    if requested == "nccl" and not has_gpus:
+        raise ConfigError("--vllm_sync_backend nccl needs GPUs, and this Ray cluster has none: use "
+                          "--vllm_sync_backend gloo (the same broadcast on CPU) or ray (the object store)")
+    if requested == "nccl" and colocated:
+        raise ConfigError("--vllm_sync_backend nccl cannot be used with --colocate_all_models: NCCL cannot connect "
+                          "two processes on the same GPU (trainer rank and engine share it). Use "
+                          "--vllm_sync_backend ray, gloo, or auto (which picks ray here)")
+    if requested not in ("ray", "gloo", "nccl"):
+        raise ConfigError(f"--vllm_sync_backend {requested!r}: expected auto, ray, gloo or nccl")
+    return requested
+
+
+@dataclass(frozen=True)
+class RLPlan:
+    estimator: str
+    needs_critic: bool
+    group_estimator: bool
+    kl_mode: KLMode
+    layout: tuple[tuple[str, int, int], ...]   # (role, nodes, ranks per node) for each of ROLES
+    sync_transport: str | None = None          # ray | gloo | nccl once resolved against the cluster
+
+    @property
+    def needs_ref(self) -> bool:
+        """A reference model is loaded: the KL is a penalty or a loss."""
+        return self.kl_mode != "off"
+
+    def nodes(self, role: str) -> int:
+        return self._row(role)[1]
+
+    def ranks_per_node(self, role: str) -> int:
+        return self._row(role)[2]
+
+    def world(self, role: str) -> int:
+        """The role's rank count: its nodes x ranks per node."""
+        _, nodes, per_node = self._row(role)
+        return nodes * per_node
+
+    def _row(self, role: str) -> tuple[str, int, int]:
+        for row in self.layout:
+            if row[0] == role:
+                return row
+        raise KeyError(f"no role {role!r}: expected one of {ROLES}")
+
+
+def kl_mode_of(init_kl_coef: float, use_kl_loss: bool) -> KLMode:
+    """off without a KL coefficient (no reference model), loss with --use_kl_loss, else a reward penalty."""
+    if init_kl_coef <= 0:
+        return "off"
+    return "loss" if use_kl_loss else "penalty"
+
+
+def resolve_plan(cfg: Any, has_gpus: bool | None = None) -> RLPlan:
+    """The run's derived facts from its ppo options; `has_gpus` (known once Ray runs) resolves the sync transport."""
+    estimator = cfg.advantage_estimator
+    layout = tuple((role, int(getattr(cfg, f"{role}_num_nodes")), int(getattr(cfg, f"{role}_num_gpus_per_node")))
+                   for role in ROLES)
+    transport = None if has_gpus is None else \
+        resolve_sync_backend(cfg.vllm_sync_backend, has_gpus, bool(cfg.colocate_all_models))
+    return RLPlan(estimator=estimator, needs_critic=estimator == "gae", group_estimator=estimator in GROUP_ESTIMATORS,
+                  kl_mode=kl_mode_of(cfg.init_kl_coef, bool(cfg.use_kl_loss)), layout=layout,
+                  sync_transport=transport)
