@@ -1,14 +1,21 @@
 """Checkpoints: the final HF folder, and full-state folders for exact resume.
 
 Full state = model + optimizer (torch.distributed.checkpoint, sharded, any world size can read it),
-scheduler, the trainer's position (step, epoch, samples consumed), and every rank's RNG state.
+scheduler, the trainer's position (step, epoch, samples consumed), every rank's RNG state, and the number of
+ranks that wrote it (`world_size` in trainer_state.json).
 A checkpoint is written under `<name>.tmp` and renamed when complete, so a crash never leaves a
 half-written folder that `--load_checkpoint` would pick up.
+
+Resume on a different number of ranks: DCP reshards the model and optimizer state to the new world size. RNG rule:
+rank r takes the saved rank r's state when the checkpoint has one; a rank the saved run did not have (more ranks
+now) seeds python, numpy and torch from `derived_rng_seed(seed, step, rank)`, and the saved states of ranks that no
+longer exist (fewer ranks now) are not used. Both cases are logged; the outcome is deterministic.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import shutil
 from pathlib import Path
@@ -27,11 +34,28 @@ from torch.distributed.checkpoint.state_dict import (
 
 from rlhfkit.engine.distributed import barrier
 
+log = logging.getLogger("rlhfkit")
+
 STEP_PREFIX = "global_step"
 
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def derived_rng_seed(seed: int, step: int, rank: int) -> int:
+    """The RNG seed of a rank that the resumed checkpoint has no state for (it was written by fewer ranks)."""
+    return (seed * 1_000_003 + step * 1_009 + rank) % 2**32
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def rng_state() -> dict[str, Any]:
@@ -100,7 +124,8 @@ def save_checkpoint(ckpt_path: str | Path, step: int, model: torch.nn.Module, op
     torch.save(rng_state(), tmp / f"rng_rank{_rank()}.pt")
     if _rank() == 0:
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=2))
+        state = {**trainer_state, "step": step, "world_size": _world_size()}
+        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
     barrier()
     if _rank() == 0:
         shutil.rmtree(final, ignore_errors=True)
@@ -113,8 +138,13 @@ def save_checkpoint(ckpt_path: str | Path, step: int, model: torch.nn.Module, op
 
 def load_checkpoint(ckpt_path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
                     extra_models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None,
-                    ) -> dict[str, Any] | None:
-    """Restore the newest checkpoint in place; return its trainer state, or None when there is none."""
+                    seed: int = 0) -> dict[str, Any] | None:
+    """Restore the newest checkpoint in place; return its trainer state, or None when there is none.
+
+    The state carries `saved_world_size` (the ranks that wrote it; counted from the RNG files for checkpoints
+    older than the `world_size` field), `world_size` (the ranks now) and `checkpoint` (the folder). Written by
+    another number of ranks, the model and optimizer are resharded by DCP and the RNG follows the module's rule
+    (`seed` derives the state of a rank the checkpoint lacks)."""
     found = list_checkpoints(ckpt_path)
     if not found:
         return None
@@ -126,8 +156,20 @@ def load_checkpoint(ckpt_path: str | Path, model: torch.nn.Module, optimizer: to
         dcp.load(state, checkpoint_id=str(folder / name))
         set_state_dict(mod, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
-    rng_file = folder / f"rng_rank{_rank()}.pt"
-    if not rng_file.exists():
-        raise FileNotFoundError(f"{rng_file} missing: resume with the same number of ranks as the saved run")
-    set_rng_state(torch.load(rng_file, weights_only=False))
-    return json.loads((folder / "trainer_state.json").read_text())
+    state = json.loads((folder / "trainer_state.json").read_text())
+    saved = int(state.get("world_size") or len(list(folder.glob("rng_rank*.pt"))))
+    world, rank = _world_size(), _rank()
+    if rank < saved:
+        set_rng_state(torch.load(folder / f"rng_rank{rank}.pt", weights_only=False))
+    else:
+        seed_all(derived_rng_seed(seed, state["step"], rank))
+    if saved != world and rank == 0:
+        if world > saved:
+            seeds = [derived_rng_seed(seed, state["step"], r) for r in range(saved, world)]
+            rng = (f"; ranks {saved}..{world - 1} have no saved RNG state and are seeded with "
+                   f"derived_rng_seed(--seed {seed}, step {state['step']}, rank) = {seeds}")
+        else:
+            rng = f"; the RNG states of saved ranks {world}..{saved - 1} are not used"
+        log.info("resharded %s from %d to %d ranks (model and optimizer by torch.distributed.checkpoint; rank r "
+                 "keeps the saved rank r's RNG state%s)", folder, saved, world, rng)
+    return {**state, "saved_world_size": saved, "world_size": world, "checkpoint": str(folder)}

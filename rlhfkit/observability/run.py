@@ -86,6 +86,22 @@ def write_manifest(run_dir: Path, cfg: Any, world_size: int, torchrun: bool = Tr
     return manifest
 
 
+def record_resume(run_dir: str | Path | None, role: str, state: dict[str, Any]) -> str:
+    """Put where a resumed run started into its manifest.json (`resumed`: per role, the checkpoint, its step, the
+    ranks that wrote it and the ranks now); returns the line to log, e.g. "resharded from 2 to 1 ranks"."""
+    saved, now = state.get("saved_world_size"), state.get("world_size")
+    note = f"resharded from {saved} to {now} ranks" if saved != now else f"same {now} ranks"
+    if run_dir is not None and (Path(run_dir) / "manifest.json").exists():
+        path = Path(run_dir) / "manifest.json"
+        manifest = json.loads(path.read_text())
+        manifest.setdefault("resumed", {})[role] = {"checkpoint": state.get("checkpoint"), "step": state.get("step"),
+                                                     "saved_world_size": saved, "world_size": now, "note": note}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(manifest, indent=2))
+        tmp.replace(path)
+    return note
+
+
 def process_log_path(run_dir: str | None, verbose: bool, name: str) -> str | None:
     """Where a Ray actor of the run writes its output: `<run_dir>/logs/<name>.log`, or None (Ray's log stream, live
     on the console) with `--verbose` or without a run folder."""

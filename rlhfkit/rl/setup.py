@@ -29,7 +29,7 @@ from rlhfkit.launch.ray_cluster import WORKER_ENV, cluster_has_gpus, start_ray  
 from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_ids
 from rlhfkit.observability.mfu import FlopModel
 from rlhfkit.observability.placement import collect_whereabouts, record_placement
-from rlhfkit.observability.run import prepare_run_dir
+from rlhfkit.observability.run import prepare_run_dir, record_resume
 from rlhfkit.rl.colocation import Phases
 from rlhfkit.rl.debug_dump import dump_steps
 from rlhfkit.rl.group import ModelGroup, make_placement_group
@@ -522,8 +522,12 @@ def _resume(s: RLSetup) -> None:
         s.ptx.cursor = states[0].get("ptx_cursor", 0)
     if getattr(s, "kl_ctl", None) is not None and "kl_ctl" in states[0]:  # the adaptive coefficient goes on
         s.kl_ctl.load_state_dict(states[0]["kl_ctl"])
+    notes = [f"actor {record_resume(s.cfg.run_dir, 'actor', states[0])}"]
+    if s.critic is not None:
+        notes.append(f"critic {record_resume(s.cfg.run_dir, 'critic', critic_states[0])}")
     push_actor_weights(s.actor, s.engines, s.cfg)
-    log.info("resumed at step %d (prompt cursor %d); engine weights synced", s.start_step, s.start_cursor)
+    log.info("resumed at step %d (prompt cursor %d; %s); engine weights synced", s.start_step, s.start_cursor,
+             ", ".join(notes))
 
 
 def save_final(s: RLSetup) -> None:

@@ -463,7 +463,7 @@ class ModelWorker:
                                    trainer_state, max_keep))
 
     def load_checkpoint(self, path: str) -> dict[str, Any] | None:
-        return load_checkpoint(path, self.model, self.engine.optimizer, self.engine.scheduler)
+        return load_checkpoint(path, self.model, self.engine.optimizer, self.engine.scheduler, seed=self.cfg.seed)
 
     def save_hf(self, out_dir: str, tokenizer_spec: str, extra_config: dict[str, Any] | None = None) -> None:
         from rlhfkit.models.loading import load_tokenizer

@@ -29,6 +29,7 @@ from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.errors import ConfigError
 from rlhfkit.observability.console import print_derived_table, progress_bar
 from rlhfkit.observability.metrics import MetricsLogger
+from rlhfkit.observability.run import record_resume
 
 log = logging.getLogger("rlhfkit")
 
@@ -162,12 +163,14 @@ def train_offline(cfg: Any, dist_info: DistInfo, engine: TrainEngine, tokenizer:
             "run dir": cfg.run_dir})
     global_step, start_epoch, start_in_epoch = 0, 0, 0
     if cfg.load_checkpoint:
-        state = load_checkpoint(cfg.ckpt_path, engine.model, engine.optimizer, engine.scheduler)
+        state = load_checkpoint(cfg.ckpt_path, engine.model, engine.optimizer, engine.scheduler, seed=cfg.seed)
         if state is None:
             log.info("--load_checkpoint: no checkpoint in %s, starting fresh", cfg.ckpt_path)
         else:
             global_step, start_epoch, start_in_epoch = state["step"], state["epoch"], state["step_in_epoch"]
-            log.info("resumed from step %d (epoch %d, step %d in epoch)", global_step, start_epoch, start_in_epoch)
+            note = record_resume(cfg.run_dir if dist_info.is_main else None, "model", state)
+            log.info("resumed from step %d (epoch %d, step %d in epoch; %s)", global_step, start_epoch,
+                     start_in_epoch, note)
     metrics_log = MetricsLogger(cfg.run_dir, cfg, enabled=dist_info.is_main)
     bar = progress_bar(plan.total_steps, global_step, dist_info.is_main, f"{cfg.command}")
     last: dict[str, Any] = {}
