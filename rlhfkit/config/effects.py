@@ -57,6 +57,8 @@ _PRECISION = "tests/engine/test_precision.py::"
 _SERVE = _CLI + "test_serve_rm_flags_reach_the_reward_source_and_the_server"
 _SFT_KEYS = _OPT + "test_sft_keys_template_and_max_len_shape_the_samples"
 _PPO_REWARDS = _PPO + "test_reward_flags_combine_the_ppo_reward_sources"
+_REMOTE = "tests/rewards/test_remote.py::"  # ppo's and batch-inference's reward clients over real HTTP
+_BI_SCORING = _BI + "test_scoring_flags_reach_the_reward_source"
 _REFUSED_PPO = _OPT + "test_shared_flags_ppo_does_not_act_on_are_refused"
 _PPO_MICRO = _PPO + "test_training_micro_batches_follow_the_flags"
 _PPO_SAVE = _PPO + "test_checkpoint_and_save_flags_direct_the_workers"
@@ -402,6 +404,14 @@ EFFECTS: dict[str, Effect] = {
                          _SOURCES + "test_combined_source_mean_and_weights"),
     "reward_format_pattern": _t("the regex of builtin:format",
                                 _PPO + "test_reward_format_pattern_reaches_the_format_reward"),
+    "remote_rm_timeout": _t("seconds per request to a reward server (default --reward_timeout)",
+                            _REMOTE + "test_remote_rm_timeout_flag_bounds_each_request", _BI_SCORING),
+    "remote_rm_retries": _t("attempts per request: retries + 1",
+                            _REMOTE + "test_remote_rm_retries_and_backoff_flags_space_the_attempts", _BI_SCORING),
+    "remote_rm_backoff": _t("the wait before each retry (doubling)",
+                            _REMOTE + "test_remote_rm_retries_and_backoff_flags_space_the_attempts", _BI_SCORING),
+    "remote_rm_token": _t("the bearer token a serve-rm --auth_token server asks for",
+                          _REMOTE + "test_remote_rm_token_flag_authenticates", _BI_SCORING),
     "save_value_network": _t("the critic saved as <save_path>_critic", _PPO_SAVE,
                              _PPO_FULL + "test_colocate_all_models_with_a_serve_rm_reward"),
     "ppo:save_path": _t("where the actor's final HF folder is written", _PPO_SAVE),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfkit.config.options import opt
+from rlhfkit.config.options import RemoteRewardOptions, opt
 
 
 @dataclass
@@ -78,4 +78,4 @@ class InferenceOptions:
                                "<output_path>.logs/ and the console keeps rlhfkit's own lines")
 
 
-INFERENCE_GROUPS = [InferenceModelOptions, InferenceDataOptions, InferenceOptions]
+INFERENCE_GROUPS = [InferenceModelOptions, InferenceDataOptions, InferenceOptions, RemoteRewardOptions]

@@ -127,4 +127,18 @@ class SFTOptions:
                                             "--apply_chat_template); see docs/methods.md")
 
 
+@dataclass
+class RemoteRewardOptions:
+    """Reward servers (http(s) URLs in --remote_rm_url)"""
+
+    remote_rm_timeout: float | None = opt(None, "seconds one request to a reward server may take (each attempt "
+                                                "gets as long); default: --reward_timeout (60 when that is 0)")
+    remote_rm_retries: int = opt(3, "retries of a request that failed on the network, timed out or got HTTP 5xx, "
+                                    "408 or 429 (other 4xx answers are not retried); 0: one attempt")
+    remote_rm_backoff: float = opt(1.0, "seconds before the first retry, doubled before each next one")
+    remote_rm_token: str | None = opt(None, "bearer token sent to the reward servers (rlhfkit serve-rm "
+                                            "--auth_token); default: the RLHFKIT_RM_TOKEN environment variable, "
+                                            "which keeps it out of the process list")
+
+
 COMMON_TRAIN_GROUPS: list[type] = [ModelOptions, DataOptions, TrainOptions, CheckpointOptions, LoggingOptions]

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfkit.config.options import CheckpointOptions, LoggingOptions, ModelOptions, TrainOptions, opt
+from rlhfkit.config.options import (
+    CheckpointOptions,
+    LoggingOptions,
+    ModelOptions,
+    RemoteRewardOptions,
+    TrainOptions,
+    opt,
+)
 
 
 @dataclass
@@ -211,5 +218,5 @@ class PromptDataOptions:
                                                 "(formatted like the prompts); unset: loss on every token")
 
 
-RL_GROUPS: list[type] = [PlacementOptions, RolloutOptions, RLAlgorithmOptions, RewardOptions, PromptDataOptions,
-                         ModelOptions, TrainOptions, CheckpointOptions, LoggingOptions]
+RL_GROUPS: list[type] = [PlacementOptions, RolloutOptions, RLAlgorithmOptions, RewardOptions, RemoteRewardOptions,
+                         PromptDataOptions, ModelOptions, TrainOptions, CheckpointOptions, LoggingOptions]

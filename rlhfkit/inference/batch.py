@@ -210,10 +210,12 @@ def score(cfg: Any, rows: list[dict[str, Any]], stats: dict[str, Any]) -> None:
 
     specs = SimpleNamespace(reward_pretrain=cfg.reward_pretrain, remote_rm_url=cfg.remote_rm_url,
                             normalize_reward=cfg.normalize_reward, reward_timeout=cfg.reward_timeout,
-                            reward_micro_batch_size=cfg.micro_batch_size, max_len=cfg.max_len)
+                            max_len=cfg.max_len, remote_rm_timeout=cfg.remote_rm_timeout,
+                            remote_rm_retries=cfg.remote_rm_retries, remote_rm_backoff=cfg.remote_rm_backoff,
+                            remote_rm_token=cfg.remote_rm_token)
     if not (cfg.reward_pretrain or cfg.remote_rm_url):  # --eval_task rm with --pretrain: OpenRLHF's reward model
         specs.reward_pretrain = cfg.pretrain
-    source = reward_source_from_config(specs)
+    source = reward_source_from_config(specs, micro_batch_size=cfg.micro_batch_size)
     prompts = [str(r["input"]) for r in rows]
     labels = [r.get("label") for r in rows] if cfg.label_key else None
     began = time.perf_counter()

@@ -38,6 +38,15 @@ from rlhfkit.rewards.base import (
 TOKEN_ENV = "RLHFKIT_RM_TOKEN"
 ENDPOINT = "/get_reward"
 _RETRY_STATUS = {408, 429}
+DEFAULT_REMOTE_TIMEOUT = 60.0
+
+
+def remote_timeout(remote_rm_timeout: float | None, reward_timeout: float | None) -> float:
+    """Seconds per request to a reward server: --remote_rm_timeout, else --reward_timeout; a request always has a
+    deadline, so --reward_timeout 0 (no timeout for reward functions) gives the reward servers 60 s."""
+    if remote_rm_timeout is not None:
+        return float(remote_rm_timeout)
+    return float(reward_timeout) if reward_timeout else DEFAULT_REMOTE_TIMEOUT
 
 
 class _Attempt(Exception):

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from rlhfkit.rewards.base import RewardOutput, RewardSource, check_batch
-from rlhfkit.rewards.remote import RemoteRewardClient
+from rlhfkit.rewards.remote import RemoteRewardClient, remote_timeout
 from rlhfkit.rewards.reward_func import DEFAULT_TIMEOUT, RewardFuncSource
 from rlhfkit.rewards.reward_model import RewardModelSource
 from rlhfkit.rewards.verifiers import get_builtin
@@ -80,14 +80,15 @@ def build_reward_source(specs: str | Sequence[str], *, timeout: float | None = D
     return sources[0] if len(sources) == 1 and weights is None else CombinedSource(sources, combine_rule, weights)
 
 
-def reward_source_from_config(cfg: Any) -> RewardSource:
+def reward_source_from_config(cfg: Any, micro_batch_size: int | None = None) -> RewardSource:
     """:func:`build_reward_source` from a flat config (``cfg.reward_pretrain``, ``cfg.remote_rm_url``, ...).
 
     Reads, with these defaults when absent: ``reward_timeout`` (60), ``reward_error_policy`` ("raise"),
     ``reward_combine`` ("mean"), ``reward_weights`` (None), ``reward_format_pattern`` (None),
-    ``normalize_reward`` (False), ``reward_micro_batch_size`` (falls back to ``micro_rollout_batch_size``, 8),
-    ``max_len`` (2048), ``remote_rm_timeout`` (60), ``remote_rm_retries`` (3), ``remote_rm_backoff`` (1.0),
-    ``remote_rm_token`` (env ``RLHFKIT_RM_TOKEN``).
+    ``normalize_reward`` (False), ``max_len`` (2048), ``micro_rollout_batch_size`` (8: the reward models'
+    micro-batch, unless ``micro_batch_size`` is given), and the reward-server flags
+    (``rlhfkit.config.options.RemoteRewardOptions``): ``remote_rm_timeout`` (``reward_timeout``, 60 when that is 0),
+    ``remote_rm_retries`` (3), ``remote_rm_backoff`` (1.0), ``remote_rm_token`` (env ``RLHFKIT_RM_TOKEN``).
     """
     def get(name: str, default: Any) -> Any:
         value = getattr(cfg, name, None)
@@ -95,10 +96,12 @@ def reward_source_from_config(cfg: Any) -> RewardSource:
 
     specs = split_specs(get("reward_pretrain", [])) + split_specs(get("remote_rm_url", []))
     weights = get("reward_weights", None)
+    rows = micro_batch_size if micro_batch_size is not None else get("micro_rollout_batch_size", 8)
     model_kwargs = {"normalize_reward": bool(get("normalize_reward", False)), "max_len": int(get("max_len", 2048)),
-                    "micro_batch_size": int(get("reward_micro_batch_size", get("micro_rollout_batch_size", 8)))}
-    remote_kwargs = {"timeout": float(get("remote_rm_timeout", 60.0)), "retries": int(get("remote_rm_retries", 3)),
-                     "backoff": float(get("remote_rm_backoff", 1.0)), "token": get("remote_rm_token", None)}
+                    "micro_batch_size": int(rows)}
+    remote_kwargs = {"timeout": remote_timeout(get("remote_rm_timeout", None), get("reward_timeout", DEFAULT_TIMEOUT)),
+                     "retries": int(get("remote_rm_retries", 3)), "backoff": float(get("remote_rm_backoff", 1.0)),
+                     "token": get("remote_rm_token", None)}
     return build_reward_source(
         specs, timeout=get("reward_timeout", DEFAULT_TIMEOUT), error_policy=get("reward_error_policy", "raise"),
         combine_rule=get("reward_combine", "mean"),

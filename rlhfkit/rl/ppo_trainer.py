@@ -25,6 +25,7 @@ from rlhfkit.observability.metrics import MetricsLogger
 from rlhfkit.observability.mfu import mfu
 from rlhfkit.observability.placement import collect_whereabouts, record_placement
 from rlhfkit.rl.debug_dump import add_updates, step_record, wants_dump, write_dump
+from rlhfkit.rl.engine_faults import EngineFaults, engine_fault
 from rlhfkit.rl.experience import Experience, split_rows
 from rlhfkit.rl.group import run_side_by_side
 from rlhfkit.rl.make_experience import (
@@ -40,11 +41,11 @@ from rlhfkit.rl.make_experience import (
     to_experience,
 )
 from rlhfkit.rl.setup import RLSetup, build_setup, push_actor_weights, save_final
-from rlhfkit.rollout.remote import ping_engines
 from rlhfkit.rollout.types import SamplingConfig
 
 log = logging.getLogger("rlhfkit")
 MAX_REFILL_ROUNDS = 8
+FAULT_HOOK: Any = None  # tests only: FAULT_HOOK(s, step, when) before / after each step's health check (faults)
 
 
 def collect_rollout(s: RLSetup, stream: PromptStream, sampling: SamplingConfig, timer: Timer) -> tuple[Rollout, dict]:
@@ -262,14 +263,20 @@ def _loop(s: RLSetup) -> dict[str, float]:
     metrics_log = MetricsLogger(cfg.run_dir, cfg)
     bar = progress_bar(s.total_steps, s.start_step, True, "ppo")
     last: dict[str, float] = {}
+    faults = EngineFaults(s)  # a dead or hung engine is restarted (--max_engine_restarts), see rl/engine_faults.py
     if s.eval_prompts and s.start_step == 0:
-        metrics_log.log(0, evaluate(s, 0))
+        metrics_log.log(0, faults.guard("evaluation", partial(evaluate, s, 0)))
     ahead = load_pending_rollout(cfg, s.start_step) if cfg.async_train and s.start_step else None
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout") if cfg.async_train else None
     for step in range(s.start_step + 1, s.total_steps + 1):
         began = time.perf_counter()
-        ping_engines(s.engines)  # the health check: a dead or hung engine is named now, not mid-generation
-        rollout, filter_metrics, timer = ahead or collect_timed(s, stream, sampling)
+        faults.step = step
+        if FAULT_HOOK is not None:
+            FAULT_HOOK(s, step, "before health check")
+        faults.health_check()  # ping: a dead or hung engine is found (and restarted) now, not mid-generation
+        if FAULT_HOOK is not None:
+            FAULT_HOOK(s, step, "after health check")
+        rollout, filter_metrics, timer = ahead or collect_timed(s, stream, sampling, faults)
         _write_samples(s, step, rollout, "train")
         exp = to_experience(rollout, s.tokenizer.pad_token_id)
         raw_rewards = exp.rewards
@@ -282,7 +289,8 @@ def _loop(s: RLSetup) -> dict[str, float]:
                                          "truncated": exp.info["truncated"]}) if wants_dump(cfg, step) else None
         future = None
         if pool is not None and step < s.total_steps:  # the engines still hold the weights this step trains from
-            future = pool.submit(collect_timed, s, stream, sampling)
+            cursor = stream.cursor
+            future = pool.submit(collect_timed, s, stream, sampling)  # no restarts in this thread: see below
         t_train = time.perf_counter()
         metrics.update(train_on_experience(s, exp, step, record))
         timer.add("training", t_train)
@@ -293,9 +301,18 @@ def _loop(s: RLSetup) -> dict[str, float]:
         ahead = None
         if future is not None:
             waited = time.perf_counter()
-            ahead = future.result()
+            try:
+                ahead = future.result()
+            except Exception as err:  # an engine fault while generating ahead: restart it, generate again here
+                if engine_fault(err) is None:
+                    raise
+                faults.recover(engine_fault(err), "generation ahead (--async_train)", err)
+                log.warning("--async_train: the rollout of step %d is generated again after the engine restart, with "
+                            "this step's trained weights (one step less stale than usual)", step + 1)
+                stream.cursor = cursor
+                ahead = collect_timed(s, stream, sampling, faults)
             metrics["time/wait_rollout"] = time.perf_counter() - waited
-        metrics.update(sync_engines(s, timer))
+        metrics.update(faults.guard("weight sync", partial(sync_engines, s, timer)))
         metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
         metrics.update(stage_utilisation(s, exp, timer))
         metrics["time/step"] = time.perf_counter() - began
@@ -304,7 +321,8 @@ def _loop(s: RLSetup) -> dict[str, float]:
             if ahead is not None:
                 save_pending_rollout(cfg, step, ahead)
         if s.eval_prompts and ((cfg.eval_steps > 0 and step % cfg.eval_steps == 0) or step == s.total_steps):
-            metrics.update(evaluate(s, step))
+            metrics.update(faults.guard("evaluation", partial(evaluate, s, step)))
+        metrics.update(faults.take_step_metrics())
         metrics_log.log(step, metrics)
         last = metrics
         bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", gen_s=f"{timer.seconds['generation']:.1f}")
@@ -319,11 +337,20 @@ def _loop(s: RLSetup) -> dict[str, float]:
     return last
 
 
-def collect_timed(s: RLSetup, stream: PromptStream, sampling: SamplingConfig) -> tuple[Rollout, dict, Timer]:
-    """`collect_rollout` with its own Timer (generation and reward seconds), which becomes the step's timer."""
-    timer = Timer()
-    rollout, metrics = collect_rollout(s, stream, sampling, timer)
-    return rollout, metrics, timer
+def collect_timed(s: RLSetup, stream: PromptStream, sampling: SamplingConfig,
+                  faults: EngineFaults | None = None) -> tuple[Rollout, dict, Timer]:
+    """`collect_rollout` with its own Timer (generation and reward seconds), which becomes the step's timer. With
+    `faults`, an engine fault restarts the engine and the rollout is collected again from the same prompts (same
+    seeds: the same samples)."""
+    cursor = stream.cursor
+
+    def attempt() -> tuple[Rollout, dict, Timer]:
+        stream.cursor = cursor
+        timer = Timer()
+        rollout, metrics = collect_rollout(s, stream, sampling, timer)
+        return rollout, metrics, timer
+
+    return attempt() if faults is None else faults.guard("generation", attempt)
 
 
 def _pending_path(cfg: Any, step: int) -> Path:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from rlhfkit.rewards.base import RewardOutput, check_batch
-from rlhfkit.rewards.remote import RemoteRewardClient
+from rlhfkit.rewards.remote import RemoteRewardClient, remote_timeout
 from rlhfkit.rewards.reward_func import RewardFuncSource
 from rlhfkit.rewards.reward_model import RewardModelSource
 from rlhfkit.rewards.sources import BUILTIN_PREFIX, combine, spec_kind, split_specs
@@ -51,7 +51,9 @@ def text_sources(cfg: Any) -> list[Any]:
         kind = spec_kind(spec)
         if kind == "remote":
             if not any(isinstance(s, RemoteRewardClient) for s in sources):
-                sources.append(RemoteRewardClient(urls, timeout=cfg.reward_timeout))
+                timeout = remote_timeout(cfg.remote_rm_timeout, cfg.reward_timeout)
+                sources.append(RemoteRewardClient(urls, timeout=timeout, retries=cfg.remote_rm_retries,
+                                                  backoff=cfg.remote_rm_backoff, token=cfg.remote_rm_token))
         elif kind == "file":
             sources.append(RewardFuncSource.from_file(spec, timeout=cfg.reward_timeout,
                                                       error_policy=cfg.reward_error_policy))

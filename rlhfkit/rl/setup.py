@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -69,6 +70,7 @@ class RLSetup:
     flops: FlopModel | None = None                            # the actor's FLOPs per token (perf/mfu_* metrics)
     kl_ctl: Any = None                                        # KL coefficient: fixed, or adaptive (--kl_target)
     plan: RLPlan | None = None                                # the facts derived from the flags (config/plan.py)
+    engine_factory: Any = None                                # (indices) -> new engines k (restarts; own engines)
 
     @property
     def groups(self) -> list[ModelGroup]:
@@ -346,14 +348,17 @@ def cfg_name(spec: str) -> str:
     return spec.rsplit("/", 1)[-1]
 
 
-def _engines(cfg: Any, path: str, placement: Placement) -> list[Any]:
+def _engines(cfg: Any, path: str, placement: Placement, indices: list[int] | None = None) -> list[Any]:
+    """The run's rollout engines from the flags; `indices`: only those engines, with their own options (a restart
+    after a fault, `rlhfkit.rl.engine_faults`)."""
     from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES, create_vllm_engines, engine_options_from_args
 
     log_dir = None if cfg.verbose or not cfg.run_dir else os.path.join(cfg.run_dir, "logs")  # engine<k>.log
     if cfg.rollout_backend == "hf":
         from rlhfkit.rollout.hf_engine import create_hf_engines
 
-        return create_hf_engines(cfg.vllm_num_engines, path, dtype=ENGINE_DTYPES[cfg.vllm_dtype], log_dir=log_dir)
+        return create_hf_engines(cfg.vllm_num_engines, path, dtype=ENGINE_DTYPES[cfg.vllm_dtype], log_dir=log_dir,
+                                 indices=indices)
 
     options = engine_options_from_args(cfg)
     options["dtype"] = ENGINE_DTYPES[cfg.vllm_dtype]  # resolved by apply_precision (auto = the trainer's)
@@ -362,7 +367,7 @@ def _engines(cfg: Any, path: str, placement: Placement) -> list[Any]:
         options.update(placement_group=placement.groups["engines"], num_gpus_per_engine=share,
                        num_cpus_per_engine=0.25 * share)
     options["enable_sleep_mode"] = cfg.vllm_enable_sleep
-    return create_vllm_engines(cfg.vllm_num_engines, path, log_dir=log_dir, **options)
+    return create_vllm_engines(cfg.vllm_num_engines, path, log_dir=log_dir, indices=indices, **options)
 
 
 def build_rewards(cfg: Any, tokenizer: Any, groups: list[ModelGroup], specs: list[str]) -> RolloutRewards:
@@ -454,6 +459,8 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
                 placement_groups=placement.owned, agent=agent, flops=flops, sync_check=sync_check)
     s.plan = plan
     s.phases = Phases.from_config(cfg, engines, [actor, critic], has_gpus)
+    if owns_engines:  # engines the run created can be restarted after a fault (--max_engine_restarts)
+        s.engine_factory = partial(_engines, cfg, cfg.pretrain, placement)
     s.kl_ctl = kl_controller(cfg)
     s.summary = {"actor ranks": actor.world_size, "reference": ref.world_size if ref else "off (init_kl_coef 0)",
                  "critic": critic.world_size if critic else "off",

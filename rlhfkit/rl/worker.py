@@ -449,7 +449,11 @@ class ModelWorker:
         named = _weights_for_engines(self.model, self._engine_dtype())
         if self.dist.rank != 0:
             return _drain(named)
-        return self.weight_sender.sync(named, bucket_bytes)
+        try:
+            return self.weight_sender.sync(named, bucket_bytes)
+        except BaseException:  # an engine fault: finish the gathers, so the other ranks are not left in a collective
+            _drain(named)
+            raise
 
     def _engine_dtype(self) -> torch.dtype | None:
         """The rollout engines' dtype (--vllm_dtype, resolved by the driver): weights travel in it, so a bf16 engine

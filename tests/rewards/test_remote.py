@@ -11,6 +11,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -223,3 +224,99 @@ def test_two_servers_share_a_batch_in_order():
 def test_labels_must_be_json():
     with pytest.raises(RemoteRewardError, match="JSON"):
         client(["http://127.0.0.1:9/get_reward"])(["q"], ["p"], [object()])
+
+
+class Unavailable(BaseHTTPRequestHandler):
+    """Answers every POST with 503 and counts them."""
+
+    posts = 0
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).posts += 1
+        self.send_response(503)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args):
+        pass
+
+
+def flag_clients(url: str, **flags) -> list:
+    """The reward client each command builds from its flags: ppo's (rl/reward_group.text_sources) and
+    batch-inference's (inference/batch.score -> rewards/sources.reward_source_from_config)."""
+    import rlhfkit.rewards.sources as sources
+    from rlhfkit.cli.batch_inference import GROUPS as BI_GROUPS
+    from rlhfkit.cli.ppo import GROUPS as PPO_GROUPS
+    from rlhfkit.config.parse import flags_to_argv, parse_config
+    from rlhfkit.inference import batch
+    from rlhfkit.rl.reward_group import text_sources
+
+    made = []
+
+    class Recorded:  # batch.score scores with a stand-in; the tests call the real client
+        name = "recorded"
+
+        def __call__(self, texts, prompts, labels):
+            return SimpleNamespace(rewards=torch.zeros(len(texts)))
+
+    def record(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return Recorded()
+
+    real = sources.reward_source_from_config
+    sources.reward_source_from_config = record
+    try:
+        bi = parse_config("batch-inference", BI_GROUPS, flags_to_argv({"remote_rm_url": url, **flags}))
+        batch.score(bi, [{"input": "q", "output": "a"}], {})
+    finally:
+        sources.reward_source_from_config = real
+    ppo = parse_config("ppo", PPO_GROUPS, flags_to_argv({"remote_rm_url": url, **flags}))
+    return [text_sources(ppo)[0], *made]
+
+
+def test_remote_rm_token_flag_authenticates(monkeypatch):
+    """--remote_rm_token is the bearer token serve-rm --auth_token asks for (else env RLHFKIT_RM_TOKEN)."""
+    monkeypatch.delenv("RLHFKIT_RM_TOKEN", raising=False)
+    with serving(RewardServer(index_reward(1.0), "127.0.0.1", 0, token="s3cret")) as url:
+        for source in flag_clients(url, remote_rm_token="s3cret", remote_rm_backoff=0.01):
+            assert source(QUERIES).rewards.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+        for source in flag_clients(url, remote_rm_backoff=0.01):
+            with pytest.raises(RemoteRewardError, match="401"):
+                source(QUERIES)
+        monkeypatch.setenv("RLHFKIT_RM_TOKEN", "s3cret")
+        for source in flag_clients(url):
+            assert source(QUERIES).rewards.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_remote_rm_retries_and_backoff_flags_space_the_attempts():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (Unavailable,), {"posts": 0}))
+    server.daemon_threads = True
+    with serving(server) as url:
+        handler = server.RequestHandlerClass
+        for source in flag_clients(url, remote_rm_retries=2, remote_rm_backoff=0.2):
+            handler.posts = 0
+            start = time.monotonic()
+            with pytest.raises(RemoteRewardError, match="3 of 3 attempt.*HTTP 503"):
+                source(QUERIES)
+            assert handler.posts == 3 and time.monotonic() - start >= 0.2 + 0.4  # waits 0.2 s, then 0.4 s
+        for source in flag_clients(url, remote_rm_retries=0):
+            handler.posts = 0
+            with pytest.raises(RemoteRewardError, match="1 of 1 attempt"):
+                source(QUERIES)
+            assert handler.posts == 1
+
+
+def test_remote_rm_timeout_flag_bounds_each_request():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SlowHandler)  # answers after 1.5 s
+    server.daemon_threads = True
+    with serving(server) as url:
+        for source in flag_clients(url, remote_rm_timeout=0.3, remote_rm_retries=0, reward_timeout=30):
+            start = time.monotonic()
+            with pytest.raises(RemoteRewardError, match=r"timeout 0.3 s.*timed out"):
+                source(QUERIES)
+            assert time.monotonic() - start < 1.2
+        # unset, a request gets --reward_timeout (a request always has a deadline: 60 s when that is 0)
+        assert [s.timeout for s in flag_clients(url, reward_timeout=0.4)] == [0.4, 0.4]
+        assert [s.timeout for s in flag_clients(url, reward_timeout=0)] == [60.0, 60.0]

@@ -88,9 +88,10 @@ def test_from_config_passes_the_remote_and_model_settings():
     assert client.urls == ["http://127.0.0.1:1/get_reward"]
 
 
-def test_from_config_prefers_reward_micro_batch_size(fake_models):
-    cfg = SimpleNamespace(reward_pretrain="m", reward_micro_batch_size=2, micro_rollout_batch_size=16)
-    assert reward_source_from_config(cfg).kwargs["micro_batch_size"] == 2
+def test_from_config_micro_batch_size_argument_wins(fake_models):
+    cfg = SimpleNamespace(reward_pretrain="m", micro_rollout_batch_size=16)
+    assert reward_source_from_config(cfg).kwargs["micro_batch_size"] == 16
+    assert reward_source_from_config(cfg, micro_batch_size=2).kwargs["micro_batch_size"] == 2
     assert reward_source_from_config(SimpleNamespace(reward_pretrain="m")).kwargs == {
         "normalize_reward": False, "max_len": 2048, "micro_batch_size": 8}
 
