@@ -53,6 +53,7 @@ _PREF_DATA = "tests/data/test_preference.py::"
 _OLD_LP = "tests/rl/test_old_log_probs.py::"
 _PUSH = "tests/rl/test_weight_push.py::"
 _DEADLINES = "tests/rl/test_deadlines.py::"
+_FAULTS = "tests/rl/test_engine_faults.py::"
 _PRECISION = "tests/engine/test_precision.py::"
 _SERVE = _CLI + "test_serve_rm_flags_reach_the_reward_source_and_the_server"
 _SFT_KEYS = _OPT + "test_sft_keys_template_and_max_len_shape_the_samples"
@@ -341,7 +342,11 @@ EFFECTS: dict[str, Effect] = {
     "remote_call_timeout": _t("the deadline of every remote call: a hung engine, trainer rank or broadcast-group "
                               "join raises an error naming role, rank, node and method within it",
                               _DEADLINES + "test_hung_then_dead_engine_is_named_within_the_deadline",
-                              _DEADLINES + "test_hung_then_dead_trainer_rank_is_named"),
+                              _DEADLINES + "test_hung_then_dead_trainer_rank_is_named",
+                              _FAULTS + "test_killed_then_hung_engine_is_restarted_synced_and_the_run_finishes"),
+    "max_engine_restarts": _t("a killed and a hung engine are restarted, synced and counted (fault/engine_restarts "
+                              "1, then 2; one events.jsonl line each) and the run finishes",
+                              _FAULTS + "test_killed_then_hung_engine_is_restarted_synced_and_the_run_finishes"),
     "vllm_sync_backend": _t("the weight transport (gloo broadcast equals the ray path; nccl refused without GPUs)",
                             _PUSH + "test_gloo_broadcast_run_matches_the_ray_run",
                             _PUSH + "test_nccl_without_gpus_or_with_colocation_is_refused"),

@@ -45,6 +45,9 @@ class PlacementOptions:
                                              "groups, engines, weight sync, reward models): past it the run stops "
                                              "with an error naming the role, rank, node and method; engines also "
                                              "get a health check (ping, min(30 s, this)) before each step")
+    max_engine_restarts: int = opt(3, "a rollout engine that dies or hangs is restarted (same options), given the "
+                                      "actor's current weights, and the run goes on, at most this many times per "
+                                      "run (0: stop at the first engine fault); only for engines the run created")
 
 
 @dataclass
