@@ -26,7 +26,8 @@ from rlhfkit.algorithms.entropy import entropy_from_logits
 from rlhfkit.data.synthetic import arithmetic_rows
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer, resolve_pretrain
 from rlhfkit.models.logprobs import log_probs_from_logits
-from rlhfkit.rl.experience import build_experience, position_ids, sort_rows_by_length, sort_rows_by_prompt, trim_padding
+from rlhfkit.models.positions import position_ids
+from rlhfkit.rl.experience import build_experience, sort_rows_by_length, sort_rows_by_prompt, trim_padding
 from rlhfkit.rl.packing import pack_rollout, packed_response_log_probs
 from rlhfkit.rl.worker import micro_batches
 

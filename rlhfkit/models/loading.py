@@ -28,6 +28,8 @@ from transformers import (
 )
 
 from rlhfkit.models.gguf_cache import convert_gguf_cached
+from rlhfkit.models.positions import last_token_index
+from rlhfkit.models.positions import position_ids as default_position_ids
 
 EMBEDDED_PREFIX = "embedded:"
 # name -> (python package that ships the file, file name inside it)
@@ -249,7 +251,7 @@ def scalar_outputs(
     ``token_values[b, t]`` is the head applied to the final hidden state at position ``t`` (a critic's
     per-token values); ``last_token_values[b]`` is the value at the last position where
     ``attention_mask`` is 1 (the reward), so left and right padding both work and a pad token that equals
-    eos inside the text cannot confuse it. Position ids default to ``cumsum(attention_mask) - 1``.
+    eos inside the text cannot confuse it. Position ids default to ``rlhfkit.models.positions.position_ids``.
 
     The model runs its ordinary ``forward`` (so FSDP2 and PEFT hooks fire) and the per-token values are
     captured from the ``score`` module itself; HF's own pooled ``logits`` are ignored.
@@ -280,18 +282,6 @@ def head_values(model: PreTrainedModel, **forward_kwargs: Any) -> torch.Tensor:
     if len(captured) != 1:
         raise RuntimeError(f"expected the {VALUE_HEAD!r} head to run once per forward, it ran {len(captured)} times")
     return captured[0].squeeze(-1).float()
-
-
-def default_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids counted over real tokens only (left padding does not shift them), as OpenRLHF does."""
-    position_ids = attention_mask.long().cumsum(-1) - 1
-    return position_ids.masked_fill(attention_mask == 0, 1)
-
-
-def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Index of the last position whose mask is 1, per row ([B], long); works for left and right padding."""
-    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
-    return (positions * (attention_mask != 0)).argmax(-1)
 
 
 def _score_module(model: torch.nn.Module) -> torch.nn.Module:

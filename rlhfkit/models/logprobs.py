@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rlhfkit.models.loading import default_position_ids
+from rlhfkit.models.positions import position_ids as default_position_ids
 
 IGNORE_INDEX = -100
 _CHUNK_ROWS = 4
@@ -67,7 +67,7 @@ def response_log_probs(
 
     Column ``j`` scores ``input_ids[:, j + 1]``. Logits are divided by ``temperature`` first (as OpenRLHF
     does) so the trainer's log-probs match the distribution vLLM sampled from. Position ids default to
-    ``cumsum(attention_mask) - 1`` so left padding does not shift positions. Entries at padded positions are
+    ``rlhfkit.models.positions.position_ids`` so left padding does not shift positions. Entries at padded positions are
     meaningless; mask them with ``attention_mask[:, 1:]`` (or an action mask). With ``return_entropy`` the
     entropy of the same tempered distribution ([B, T-1]) is returned too, from the same forward pass.
     """

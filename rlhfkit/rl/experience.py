@@ -123,11 +123,6 @@ def sort_rows_by_prompt(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return {k: v[order] for k, v in batch.items()}
 
 
-def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions counted over real tokens only (left padding gets position 0)."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
 def split_rows(num_rows: int, parts: int) -> list[list[int]]:
     """Contiguous, as-even-as-possible row ranges for `parts` ranks."""
     base, extra = divmod(num_rows, parts)

@@ -31,7 +31,8 @@ from rlhfkit.engine.distributed import init_distributed
 from rlhfkit.engine.fsdp import shard_model
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.models.logprobs import log_probs_from_logits
-from rlhfkit.rl.experience import position_ids, sort_rows_by_length, sort_rows_by_prompt, trim_padding
+from rlhfkit.models.positions import position_ids
+from rlhfkit.rl.experience import sort_rows_by_length, sort_rows_by_prompt, trim_padding
 from rlhfkit.rl.packing import (
     PackedRollout,
     pack_rollout,

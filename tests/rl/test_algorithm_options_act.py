@@ -15,6 +15,7 @@ import torch
 from ppo_helpers import run
 
 from rlhfkit.errors import ConfigError
+from rlhfkit.models.positions import position_ids
 from rlhfkit.rl.debug_dump import dump_steps
 
 pytestmark = pytest.mark.slow
@@ -154,10 +155,6 @@ def response_width(dump: dict) -> tuple[int, int]:
     exp = dump["experience"]
     width = exp["action_mask"].shape[1]
     return exp["sequences"].shape[1] - width, width
-
-
-def position_ids(mask: torch.Tensor) -> torch.Tensor:
-    return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def hf_log_probs_and_entropy(model_dir: str, sequences: torch.Tensor, attention: torch.Tensor,

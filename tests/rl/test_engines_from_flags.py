@@ -55,7 +55,7 @@ def assert_policy_loss_adds_the_router_aux_loss(moe: str, out: Path, coef: float
     from moe_reference import reference_aux_loss
     from transformers import AutoModelForCausalLM
 
-    from rlhfkit.rl.experience import position_ids
+    from rlhfkit.models.positions import position_ids
 
     dump = torch.load(out / "run" / "debug" / "step_1.pt", weights_only=True)
     entry = dump["actor"][0]

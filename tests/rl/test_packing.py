@@ -10,8 +10,9 @@ from ppo_helpers import assert_same_step, run
 from rlhfkit.algorithms.entropy import entropy_from_logits
 from rlhfkit.models.loading import load_causal_lm, load_scalar_model, scalar_outputs
 from rlhfkit.models.logprobs import log_probs_from_logits
+from rlhfkit.models.positions import position_ids
 from rlhfkit.models.tiny import build_tiny_moe_causal_lm
-from rlhfkit.rl.experience import build_experience, position_ids, trim_padding
+from rlhfkit.rl.experience import build_experience, trim_padding
 from rlhfkit.rl.packing import pack_rollout, pack_scored_rows, packed_response_log_probs, packed_scalar_outputs
 
 PROMPTS = [[5, 6, 7, 8, 9], [5, 6, 7, 8, 9], [5, 6, 7, 8, 9], [11, 12], [11, 12], [13, 14, 15]]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from rlhfkit.models.logprobs import log_probs_from_logits
-from rlhfkit.rl.experience import build_experience, position_ids, sort_rows_by_length, trim_padding
+from rlhfkit.models.positions import position_ids
+from rlhfkit.rl.experience import build_experience, sort_rows_by_length, trim_padding
 
 
 def _batch(prompts, responses):
