@@ -5,8 +5,33 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+# The suffix convention of every metric reduced over micro-batches, ranks or updates: a key ending in one of these
+# keeps the extreme value; every other key is a (weighted) sum that its owner divides into a mean.
+EXTREMA = ("_max", "_min")
+
+
+def is_extremum(key: str) -> bool:
+    """Whether `key` names a maximum or minimum (kept as is, never summed or divided)."""
+    return key.endswith(EXTREMA)
+
+
+def merge_metrics(into: dict[str, float], new: Mapping[str, Any], weight: float = 1.0) -> dict[str, float]:
+    """Fold `new` into the running `into` by the suffix convention: `*_max` keeps the largest value, `*_min` the
+    smallest, every other key adds `value * weight` (a token-weighted sum, or a plain sum with weight 1).
+    Values may be floats or 0-d tensors. Returns `into`."""
+    for key, value in new.items():
+        value = float(value)
+        if key.endswith("_max"):
+            into[key] = max(into.get(key, float("-inf")), value)
+        elif key.endswith("_min"):
+            into[key] = min(into.get(key, float("inf")), value)
+        else:
+            into[key] = into.get(key, 0.0) + value * weight
+    return into
 
 
 class MetricsLogger:

@@ -21,7 +21,7 @@ import torch
 from rlhfkit.config.parse import config_to_dict
 from rlhfkit.errors import ConfigError
 from rlhfkit.observability.console import print_derived_table, progress_bar
-from rlhfkit.observability.metrics import MetricsLogger
+from rlhfkit.observability.metrics import MetricsLogger, is_extremum, merge_metrics
 from rlhfkit.observability.mfu import mfu
 from rlhfkit.observability.placement import collect_whereabouts, record_placement
 from rlhfkit.rl.debug_dump import add_updates, step_record, wants_dump, write_dump
@@ -113,8 +113,8 @@ def train_on_experience(s: RLSetup, exp: Experience, step: int,
     out = {}
     for key, value in sums.items():
         if key.startswith("rollout/"):  # measured by the training step (old log-probs from its own forward)
-            out[key] = value if key.endswith(("_max", "_min")) else value / tokens_seen
-        elif key.endswith(("_max", "_min")):
+            out[key] = value if is_extremum(key) else value / tokens_seen
+        elif is_extremum(key):
             out[f"train/{key}"] = value
         elif key in ("grad_norm", "lr", "critic_grad_norm", "critic_lr"):
             out[f"train/{key}"] = value / max(1, updates * (s.critic.world_size if "critic" in key and s.critic
@@ -139,13 +139,7 @@ def _shards(tensors: dict[str, torch.Tensor], world: int) -> list[dict[str, torc
 
 def _add(sums: dict[str, float], results: list[dict[str, float]]) -> None:
     for result in results:
-        for key, value in result.items():
-            if key.endswith("_max"):
-                sums[key] = max(sums.get(key, float("-inf")), value)
-            elif key.endswith("_min"):
-                sums[key] = min(sums.get(key, float("inf")), value)
-            else:
-                sums[key] = sums.get(key, 0.0) + value
+        merge_metrics(sums, result)
 
 
 def sync_engines(s: RLSetup, timer: Timer) -> dict[str, float]:

@@ -32,6 +32,7 @@ from rlhfkit.engine.fsdp import shard_model
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.models.logprobs import log_probs_from_logits
 from rlhfkit.models.positions import position_ids
+from rlhfkit.observability.metrics import merge_metrics
 from rlhfkit.rl.experience import sort_rows_by_length, sort_rows_by_prompt, trim_padding
 from rlhfkit.rl.packing import (
     PackedRollout,
@@ -543,11 +544,4 @@ def _dump_entry(mb: dict[str, torch.Tensor], keys: tuple[str, ...], **tensors: A
 
 def _accumulate(sums: dict[str, float], metrics: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
     """Token-weighted sums of per-micro-batch means (the driver divides by the global token count)."""
-    tokens = float(mask.sum())
-    for key, value in metrics.items():
-        if key.endswith("_max"):
-            sums[key] = max(sums.get(key, float("-inf")), float(value))
-        elif key.endswith("_min"):
-            sums[key] = min(sums.get(key, float("inf")), float(value))
-        else:
-            sums[key] = sums.get(key, 0.0) + float(value) * tokens
+    merge_metrics(sums, metrics, weight=float(mask.sum()))

@@ -28,7 +28,7 @@ from rlhfkit.engine.distributed import DistInfo, all_reduce_sum
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.errors import ConfigError
 from rlhfkit.observability.console import print_derived_table, progress_bar
-from rlhfkit.observability.metrics import MetricsLogger
+from rlhfkit.observability.metrics import MetricsLogger, merge_metrics
 from rlhfkit.observability.run import record_resume
 
 log = logging.getLogger("rlhfkit")
@@ -78,8 +78,7 @@ def rank_micro_batches(global_batch: list[int], rank: int, world: int, micro: in
 
 
 def _sum_metrics(into: dict[str, float], new: dict[str, torch.Tensor]) -> None:
-    for key, value in new.items():
-        into[key] = into.get(key, 0.0) + float(value.detach())
+    merge_metrics(into, {key: value.detach() for key, value in new.items()})
 
 
 def _reduce_metrics(sums: dict[str, float], weight: float) -> dict[str, float]:
