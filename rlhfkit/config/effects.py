@@ -492,6 +492,8 @@ EFFECTS: dict[str, Effect] = {
                          "tests/observability/test_report.py::test_missing_run_dir_or_metrics_is_a_clear_error"),
     "report:output": _t("where report.html goes",
                         "tests/observability/test_report.py::test_cli_writes_the_page_and_honours_output"),
+    "report:step": _t("the step the samples page (samples.html) shows; a step without samples is an error",
+                      "tests/observability/test_trace.py::test_the_report_writes_the_samples_page_of_a_step"),
     "runs:runs_dir": _t("the folder searched for run folders (default ./runs; a missing one is an error)",
                         _RUNS + "test_runs_lists_command_date_steps_and_outcome_oldest_first",
                         _RUNS + "test_runs_default_dir_without_manifest_and_errors"),

@@ -1,4 +1,5 @@
-"""The run report: one self-contained HTML page (inline SVG plots, inline CSS, no JavaScript, no network).
+"""The run report: one self-contained HTML page (inline SVG plots, inline CSS, no JavaScript, no network), and beside
+it the samples page (`samples_page.py`: the per-sample trace of one step; a little inline JavaScript sorts its table).
 
 `write_report(run_dir)` reads `metrics.jsonl` (required), `manifest.json` and `samples.jsonl` (optional) from a run
 folder and writes `report.html` beside them. A partial run (a truncated last line, a missing manifest, metrics that
@@ -19,6 +20,7 @@ from typing import Any
 
 from rlhfkit.errors import ReportError
 from rlhfkit.observability.runfiles import RunMetrics, _number, read_json, read_metrics, read_samples
+from rlhfkit.observability.samples_page import SAMPLES_PAGE, render_samples_page, train_steps
 from rlhfkit.observability.summary import flat_zero_metrics, summarize, summary_html
 from rlhfkit.observability.svg import PALETTE, Series, format_number, is_finite, line_plot
 
@@ -387,6 +389,14 @@ def _samples(rows: list[dict[str, Any]]) -> str:
     return "".join(out) + "</section>"
 
 
+def _few_per_step(rows: list[dict[str, Any]], limit: int = 6) -> list[dict[str, Any]]:
+    """The main page's samples: of a step's per-sample trace (every sample), the first sample of its first `limit`
+    prompts, as before the trace; the samples page shows them all."""
+    return [r for r in rows if "sample_index" not in r or (r.get("sample_index") == 0 and
+                                                           isinstance(r.get("prompt_index"), int)
+                                                           and r["prompt_index"] < limit)]
+
+
 def render_report(run_dir: str | Path) -> str:
     """The report page as a string (see write_report)."""
     run_dir = Path(run_dir)
@@ -412,6 +422,8 @@ def render_report(run_dir: str | Path) -> str:
         "no logged steps"
     links = "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in
                     [*nav, ("sec-samples", "Samples"), ("reproduce-section", "Reproduce")])
+    if train_steps(samples):  # the per-sample trace: its own page (write_report writes it)
+        links += f'<a href="{SAMPLES_PAGE}">Samples page</a>'
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -425,17 +437,39 @@ def render_report(run_dir: str | Path) -> str:
         f'<nav><a href="#summary">Summary</a>{links}</nav>',
         plots,
         _summary(metrics),
-        _samples(samples),
+        _samples(_few_per_step(samples)),
         _reproduce(manifest),
         "</body></html>",
     ]
     return "\n".join(parts) + "\n"
 
 
-def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
-    """Write RUN_DIR/report.html (or `output`) and return its path. ReportError if RUN_DIR is not a run folder."""
+def write_samples_page(run_dir: str | Path, target: Path, step: int | None = None) -> Path | None:
+    """The samples page of `step` (default: the last step with a per-sample trace) at `target`; None when
+    samples.jsonl holds no trace and no step was asked for. ReportError for a step without samples."""
+    samples = read_samples(Path(run_dir) / "samples.jsonl", [])
+    if step is None and not train_steps(samples):
+        return None
+    try:
+        page = render_samples_page(samples, step, f"rlhfkit report: {Path(run_dir).resolve().name}")
+    except ValueError as err:
+        raise ReportError(str(err)) from None
+    _write_atomically(target, page)
+    return target
+
+
+def write_report(run_dir: str | Path, output: str | Path | None = None, step: int | None = None) -> Path:
+    """Write RUN_DIR/report.html (or `output`) and return its path, and beside it samples.html, the samples page of
+    `step` (default: the last step), when samples.jsonl holds the per-sample trace. ReportError if RUN_DIR is not a
+    run folder, or `step` has no samples."""
     html_text = render_report(run_dir)
     target = Path(output) if output is not None else Path(run_dir) / REPORT_NAME
+    write_samples_page(run_dir, target.with_name(SAMPLES_PAGE), step)
+    _write_atomically(target, html_text)
+    return target
+
+
+def _write_atomically(target: Path, html_text: str) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
@@ -444,4 +478,3 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return target

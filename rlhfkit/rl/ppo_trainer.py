@@ -24,6 +24,7 @@ from rlhfkit.observability.console import print_derived_table, progress_bar
 from rlhfkit.observability.metrics import MetricsLogger, is_extremum, merge_metrics
 from rlhfkit.observability.mfu import mfu
 from rlhfkit.observability.placement import collect_whereabouts, record_placement
+from rlhfkit.observability.trace import add_loss_weights, take_trainer_mismatch, write_step_trace
 from rlhfkit.rl.debug_dump import add_updates, step_record, wants_dump, write_dump
 from rlhfkit.rl.engine_faults import EngineFaults, engine_fault
 from rlhfkit.rl.experience import Experience, split_rows
@@ -93,6 +94,7 @@ def train_on_experience(s: RLSetup, exp: Experience, step: int,
             tensors = mini.tensors()
             if record is not None:  # the workers see it and send their tensors back
                 tensors["row_index"] = index
+            tensors["trace_row"] = index  # the per-sample trace's mismatch, where the training forward gives it
             calls, roles = [], []  # critic and actor train side by side when they do not share bundles
             if s.critic is not None:
                 calls.append((s.critic, partial(s.critic.scatter_async, "train_critic_step",
@@ -104,9 +106,12 @@ def train_on_experience(s: RLSetup, exp: Experience, step: int,
                                                per_rank=s.ptx_per_rank(mini.batch_size),
                                                num_seqs=float(mini.batch_size), kl_coef=kl_coef)))
                 roles.append("actor")
+                add_loss_weights(exp, index, mini.action_mask, num_tokens, float(mini.batch_size),
+                                 cfg.policy_loss_type == "gspo")  # the per-sample trace's loss_weight
             for role, results in zip(roles, run_side_by_side(calls)):
                 if record is not None:
                     add_updates(record, role, updates, epoch, num_tokens, [r.pop("debug") for r in results])
+                take_trainer_mismatch(exp, results)
                 _add(sums, results)
             tokens_seen += num_tokens
             updates += 1
@@ -271,7 +276,6 @@ def _loop(s: RLSetup) -> dict[str, float]:
         if FAULT_HOOK is not None:
             FAULT_HOOK(s, step, "after health check")
         rollout, filter_metrics, timer = ahead or collect_timed(s, stream, sampling, faults)
-        _write_samples(s, step, rollout, "train")
         exp = to_experience(rollout, s.tokenizer.pad_token_id)
         raw_rewards = exp.rewards
         penalty_metrics = apply_length_penalties(rollout, exp, cfg)  # before the advantages
@@ -288,6 +292,7 @@ def _loop(s: RLSetup) -> dict[str, float]:
         t_train = time.perf_counter()
         metrics.update(train_on_experience(s, exp, step, record))
         timer.add("training", t_train)
+        write_step_trace(s, step, rollout, exp)  # samples.jsonl: every sample of the step
         if getattr(s, "kl_ctl", None) is not None and "rollout/kl" in metrics:  # adaptive KL: the next coefficient
             s.kl_ctl.update(metrics["rollout/kl"], cfg.rollout_batch_size * cfg.n_samples_per_prompt)
         if record is not None:

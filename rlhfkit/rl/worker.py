@@ -299,6 +299,7 @@ class ModelWorker:
         self.model.train()
         sums: dict[str, float] = {}
         dump: list[dict[str, Any]] | None = [] if "row_index" in shard else None  # --debug_dump_steps
+        trace: list[tuple[torch.Tensor, torch.Tensor]] = []
         budget = cfg.train_max_tokens_per_gpu if cfg.use_dynamic_batch else None
         router = self.engine.aux_loss  # --aux_loss_coef on an MoE actor: the router load-balancing loss
         # Packed micro-batches keep a prompt's samples together (its tokens are computed once); padded ones are
@@ -314,6 +315,8 @@ class ModelWorker:
             if old is None:  # one optimizer step per rollout: the old policy is this one (make_experience)
                 old = self._old_log_probs_of_this_policy(mb, log_probs)
                 _accumulate(sums, self._rollout_metrics(old, mb), mask)
+                if "trace_row" in mb:  # the per-sample trace (observability/trace.py): |engine - trainer| per token
+                    trace.append((mb["trace_row"].cpu(), ((old - mb["rollout_log_probs"]).abs() * mask).cpu()))
             weights = None
             ratio_base = old
             if gspo and cfg.enable_vllm_is_correction:  # OpenRLHF: GSPO's ratio is taken against the engine's
@@ -367,6 +370,8 @@ class ModelWorker:
                 if router is not None:
                     router.pop()  # the auxiliary term comes from the policy forwards only
                 sums["ptx_loss"] = sums.get("ptx_loss", 0.0) + float(lm.detach()) * num_tokens
+        if trace:
+            sums["trace"] = trace
         return self._finish_step(sums, dump, "grad_norm", "lr")
 
     def _finish_step(self, sums: dict[str, Any], dump: list[dict[str, Any]] | None, norm_key: str,
