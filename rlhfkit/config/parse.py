@@ -35,6 +35,29 @@ REJECTED_FLAGS: dict[str, str] = {
     "max_ckpt_mem": "use --max_ckpt_num to bound checkpoint count",
 }
 
+# A command's own reason for a flag of REJECTED_FLAGS whose general reason names a flag that command does not have
+# (--fsdp_enable_offload is ppo's; batch-inference trains nothing and saves no checkpoint). command -> flag -> reason.
+_OFFLINE_SLEEP = ("only ppo has phases (generation, then training) to put trainer state to sleep between; to keep "
+                  "parameters, gradients and optimizer state in host RAM use --adam_offload")
+_NO_CHECKPOINTS = "batch-inference trains nothing and writes no checkpoint; drop the flag"
+REJECTED_FLAG_REASONS: dict[str, dict[str, str]] = {
+    **{command: {"deepspeed_enable_sleep": _OFFLINE_SLEEP} for command in ("sft", "rm", "dpo", "kto", "kd", "prm")},
+    "batch-inference": {
+        "deepspeed_enable_sleep": "batch-inference trains nothing: there is no trainer state to put to sleep; drop "
+                                  "the flag (the engines free their memory when the command ends)",
+        "disable_ds_ckpt": _NO_CHECKPOINTS,
+        "max_ckpt_mem": _NO_CHECKPOINTS,
+    },
+}
+
+
+def rejection_reason(name: str, command: str = "") -> str | None:
+    """Why `rlhfkit command` refuses --name (a DeepSpeed flag, or one of COMMAND_REJECTED_FLAGS); None if it
+    does not."""
+    if name in REJECTED_FLAGS:
+        return REJECTED_FLAG_REASONS.get(command, {}).get(name, REJECTED_FLAGS[name])
+    return COMMAND_REJECTED_FLAGS.get(command, {}).get(name)
+
 # Flags a command's shared option groups declare but that command does not act on: refused when given (on the
 # command line or in --config) instead of silently ignored. command -> flag -> reason.
 COMMAND_REJECTED_FLAGS: dict[str, dict[str, str]] = {
@@ -112,7 +135,7 @@ def make_config_class(command: str, groups: list[type]) -> type:
     return dataclasses.make_dataclass(f"{command.title().replace('-', '')}Config", fields)
 
 
-def _load_yaml(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
+def _load_yaml(path: str, parser: argparse.ArgumentParser, command: str = "") -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"--config {path}: no such file")
@@ -123,7 +146,7 @@ def _load_yaml(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
     out = {}
     for key, value in data.items():
         name = str(key).lstrip("-").replace("-", "_")
-        _reject_if_deepspeed(name, source=f"--config {path}")
+        _reject_if_deepspeed(name, source=f"--config {path}", command=command)
         if name not in known:
             raise ConfigError(f"--config {path}: unknown key '{key}'; run with --help for the flags it takes.")
         out[name] = value
@@ -132,7 +155,7 @@ def _load_yaml(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
 
 def _reject_if_deepspeed(name: str, source: str, command: str = "") -> None:
     if name in REJECTED_FLAGS:
-        raise ConfigError(f"{source}: --{name} is not supported: {REJECTED_FLAGS[name]}")
+        raise ConfigError(f"{source}: --{name} is not supported: {rejection_reason(name, command)}")
     reason = COMMAND_REJECTED_FLAGS.get(command, {}).get(name)
     if reason:
         raise ConfigError(f"{source}: --{name} is not supported by 'rlhfkit {command}': {reason}")
@@ -147,7 +170,7 @@ def parse_config(command: str, groups: list[type], argv: list[str] | None = None
     parser = build_parser(command, groups, description)
     pre, _ = parser.parse_known_args(argv)
     if pre.config:
-        values = _load_yaml(pre.config, parser)
+        values = _load_yaml(pre.config, parser, command)
         for name in values:
             _reject_if_deepspeed(name, source=f"--config {pre.config}", command=command)
         parser.set_defaults(**values)

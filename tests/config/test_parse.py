@@ -70,3 +70,41 @@ def test_flags_to_argv_round_trips_through_the_parser():
     cfg = parse_config("sft", GROUPS, argv)
     assert (cfg.pretrain, cfg.apply_chat_template, cfg.packing_samples, cfg.adam_betas, cfg.max_len) == \
         ("m", True, False, [0.8, 0.9], 64)
+
+
+def _commands_with_groups():
+    import importlib
+
+    from rlhfkit.cli.docs import module_name
+    from rlhfkit.cli.main import COMMANDS
+
+    for command in COMMANDS:
+        groups = getattr(importlib.import_module(module_name(command)), "GROUPS", None)
+        if groups is not None:
+            yield command, groups
+
+
+def test_every_refusal_reason_names_only_flags_of_its_command(tmp_path):
+    """A refusal shown by `rlhfkit COMMAND` suggests only --flags that COMMAND has (#12), on the command line and
+    in --config files."""
+    import re
+
+    from rlhfkit.config.parse import COMMAND_REJECTED_FLAGS, REJECTED_FLAGS, build_parser, rejection_reason
+
+    seen = set()
+    for command, groups in _commands_with_groups():
+        seen.add(command)
+        flags = {opt for action in build_parser(command, groups)._actions for opt in action.option_strings}
+        for name in [*REJECTED_FLAGS, *COMMAND_REJECTED_FLAGS.get(command, {})]:
+            reason = rejection_reason(name, command)
+            named = set(re.findall(r"--[a-z][a-z0-9_]*", reason))
+            assert named <= flags, f"rlhfkit {command} --{name}: the reason names {sorted(named - flags)}: {reason}"
+            with pytest.raises(ConfigError) as err:
+                parse_config(command, groups, [f"--{name}", "1"])
+            assert reason in str(err.value)
+            config = tmp_path / f"{command}-{name}.yaml"
+            config.write_text(f"{name}: 1\n")
+            with pytest.raises(ConfigError) as err:
+                parse_config(command, groups, ["--config", str(config)])
+            assert reason in str(err.value)
+    assert {"sft", "rm", "dpo", "kto", "kd", "prm", "ppo", "batch-inference"} <= seen
