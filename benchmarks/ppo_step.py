@@ -79,7 +79,7 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    from rlhfkit.rl.setup import WORKER_ENV
+    from rlhfkit.launch.ray_cluster import WORKER_ENV
 
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
              runtime_env={"env_vars": WORKER_ENV})

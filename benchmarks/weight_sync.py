@@ -74,8 +74,8 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
+    from rlhfkit.launch.ray_cluster import WORKER_ENV
     from rlhfkit.models.loading import resolve_pretrain
-    from rlhfkit.rl.setup import WORKER_ENV
     from rlhfkit.rollout.vllm_engine import create_vllm_engines
 
     path = resolve_pretrain(MODEL)

@@ -26,7 +26,7 @@ from rlhfkit.data.readers import blend_datasets
 from rlhfkit.engine.precision import apply_precision
 from rlhfkit.errors import ConfigError, RemoteCallError
 from rlhfkit.launch.preflight import preflight
-from rlhfkit.launch.ray_cluster import WORKER_ENV, cluster_has_gpus, start_ray  # noqa: F401 (WORKER_ENV: benchmarks/)
+from rlhfkit.launch.ray_cluster import cluster_has_gpus, start_ray
 from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_ids
 from rlhfkit.observability.mfu import FlopModel
 from rlhfkit.observability.placement import collect_whereabouts, record_placement
