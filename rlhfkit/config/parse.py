@@ -108,7 +108,12 @@ def build_parser(command: str, groups: list[type], description: str = "") -> arg
 
 def _add_field(arg_group: Any, f: dataclasses.Field, tp: Any) -> None:
     help_text = f.metadata.get("help", "")
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    if f.default is not dataclasses.MISSING:
+        default = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    else:
+        raise TypeError(f"option --{f.name} has no default: declare it with opt(default, help)")
     scalar, nargs = _flag_type(tp)
     flag = f"--{f.name}"
     if scalar is bool:

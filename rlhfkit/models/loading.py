@@ -241,7 +241,7 @@ def save_hf(
 
 
 def scalar_outputs(
-    model: PreTrainedModel,
+    model: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor | None = None,
@@ -269,7 +269,7 @@ def scalar_outputs(
     return last_values, token_values
 
 
-def head_values(model: PreTrainedModel, **forward_kwargs: Any) -> torch.Tensor:
+def head_values(model: torch.nn.Module, **forward_kwargs: Any) -> torch.Tensor:
     """``[B, T]`` float32: the ``score`` head at every position of one ordinary forward (``forward_kwargs`` go to
     ``model(...)``; a packed row passes ``position_ids`` and no ``attention_mask``)."""
     head = _score_module(model)

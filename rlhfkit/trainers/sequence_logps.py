@@ -121,9 +121,9 @@ def annotate_reference(cfg: Any, samples: list[dict], pad_token_id: int, sides: 
     pairs = [(ids, mask) for ids, mask, _ in sides]
 
     @torch.no_grad()
-    def score(chunk: list[dict]) -> list[list[float]]:
+    def score(chunk: list[dict], model: nn.Module = ref) -> list[list[float]]:
         batch = to_device(collate_sides(chunk, pad_token_id, pairs), dist_info.device)
-        sums, _ = sequence_sums(ref, batch)
+        sums, _ = sequence_sums(model, batch)
         per_side = sums.double().cpu().view(len(sides), len(chunk))
         return per_side.t().tolist()
 
@@ -131,6 +131,6 @@ def annotate_reference(cfg: Any, samples: list[dict], pad_token_id: int, sides: 
     for sample, row in zip(samples, values):
         for (_, _, out), value in zip(sides, row):
             sample[out] = value
-    ref = None  # free the reference before the policy engine is built
+    del score, ref  # free the reference before the policy engine is built
     gc.collect()
     log.info("%s log-probs precomputed for %d samples in %.2fs", what, len(samples), time.perf_counter() - began)

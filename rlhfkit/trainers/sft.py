@@ -56,5 +56,5 @@ def load_policy(cfg: Any, dist_info: DistInfo) -> nn.Module:
     model = load_causal_lm(cfg.pretrain, attn_implementation=cfg.attn_implementation, load_in_4bit=cfg.load_in_4bit,
                            compute_dtype=compute_dtype(cfg.param_dtype, dist_info.device))
     if cfg.lora_rank > 0:
-        model = apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.target_modules, cfg.lora_dropout)
+        return apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.target_modules, cfg.lora_dropout)
     return model
