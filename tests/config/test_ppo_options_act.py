@@ -247,7 +247,8 @@ def test_rollout_backend_and_vllm_dtype_pick_the_engines(monkeypatch):
     monkeypatch.setattr(vllm_engine, "create_vllm_engines", lambda n, path, **kw: made.append(("vllm", n, kw)) or [])
     setup._engines(ppo_cfg(rollout_backend="hf", vllm_dtype="bf16"), "m", setup.Placement())
     setup._engines(ppo_cfg(vllm_dtype="fp16", param_dtype="fp32"), "m", setup.Placement())
-    assert made[0] == ("hf", 1, {"dtype": "bfloat16", "log_dir": None})  # no run folder here: Ray's log stream
+    # no run folder here: Ray's log stream; indices: which engines (all of them; a restart names one)
+    assert made[0] == ("hf", 1, {"dtype": "bfloat16", "log_dir": None, "indices": None})
     assert made[1][0] == "vllm" and made[1][2]["dtype"] == "float16"  # --vllm_dtype, not the trainer's fp32
 
 

@@ -20,7 +20,7 @@ COMPARED = ("rollout/reward_mean", "train/policy_loss", "train/grad_norm", "trai
 
 def _cfg(**overrides) -> SimpleNamespace:
     base = {"recompute_old_log_probs": False, "max_epochs": 1, "train_batch_size": 32, "freezing_actor_steps": -1,
-            "use_kl_loss": False}
+            "use_kl_loss": False, "init_kl_coef": 0.01}  # a reference model exists only with a KL coefficient
     return SimpleNamespace(**{**base, **overrides})
 
 
