@@ -6,10 +6,11 @@ GGUF, build a fresh model from its config, copy the state dict, save safetensors
 dequantized Q4/Q8 values are not exactly representable in bf16) together with the tokenizer and its chat
 template. Later uses find the folder and return it.
 
-Cache layout: ``$RLHFKIT_CACHE`` (default ``~/.cache/rlhfkit``) ``/gguf/<stem>-<key>/`` where ``key`` hashes
-the absolute path, size and mtime of the GGUF file, so an edited file converts again. A conversion is
-written to a temporary folder beside the final one and renamed into place; an ``flock`` lets a second
-process wait for the first instead of converting the same file twice.
+Cache layout: ``$RLHFKIT_CACHE`` (default ``~/.cache/rlhfkit``) ``/gguf/<stem>-<key>/`` where ``key`` is the
+SHA-256 of the GGUF file's bytes: an edited file converts again, and the same file reached by another path (a fresh
+virtual environment, a CI clone) reuses the one conversion instead of adding another 0.5 GB folder per path.
+A conversion is written to a temporary folder beside the final one and renamed into place; an ``flock`` lets a
+second process wait for the first instead of converting the same file twice.
 """
 
 from __future__ import annotations
@@ -37,12 +38,27 @@ def cache_root() -> Path:
     return Path(os.environ.get("RLHFKIT_CACHE") or Path.home() / ".cache" / "rlhfkit").expanduser()
 
 
-def cached_folder_for(gguf_path: str | os.PathLike) -> Path:
-    """The cache folder a GGUF file converts into (keyed by absolute path, size and mtime)."""
-    path = Path(gguf_path).resolve()
+# (absolute path, size, mtime_ns) -> content digest, so one process hashes a file once.
+_digests: dict[tuple[str, int, int], str] = {}
+
+
+def content_digest(path: Path) -> str:
+    """SHA-256 of the file's bytes (hex), remembered for as long as its path, size and mtime stay the same."""
     stat = path.stat()
-    key = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return cache_root() / "gguf" / f"{path.stem}-{key}"
+    memo_key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if memo_key not in _digests:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+        _digests[memo_key] = digest.hexdigest()
+    return _digests[memo_key]
+
+
+def cached_folder_for(gguf_path: str | os.PathLike) -> Path:
+    """The cache folder a GGUF file converts into (keyed by the file's content, not its path)."""
+    path = Path(gguf_path).resolve()
+    return cache_root() / "gguf" / f"{path.stem}-{content_digest(path)[:16]}"
 
 
 def is_converted(folder: Path) -> bool:

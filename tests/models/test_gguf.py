@@ -49,16 +49,20 @@ def test_tiny_gguf_converts_once_to_the_same_model(tiny_gguf, private_cache):
     assert ids[0] == 1 and max(ids) < 1024 and tokenizer.decode(ids) == "<|im_start|>Hello world, the end."
 
 
-def test_changed_gguf_gets_a_new_cache_entry(tiny_gguf, private_cache):
-    tiny_gguf_file = tiny_gguf[0]
-    first = gguf_cache.cached_folder_for(tiny_gguf_file)
-    stat = tiny_gguf_file.stat()
-    os.utime(tiny_gguf_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-    try:
-        assert gguf_cache.cached_folder_for(tiny_gguf_file) != first
-    finally:
-        os.utime(tiny_gguf_file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert gguf_cache.cached_folder_for(tiny_gguf_file) == first
+def test_cache_entry_follows_the_content_not_the_path(tmp_path, private_cache):
+    source = tmp_path / "m.gguf"
+    source.write_bytes(b"GGUF one")
+    first = gguf_cache.cached_folder_for(source)
+    twin = tmp_path / "elsewhere" / "m.gguf"  # the same file in another venv or clone shares the entry
+    twin.parent.mkdir()
+    twin.write_bytes(b"GGUF one")
+    assert gguf_cache.cached_folder_for(twin) == first
+    stat = source.stat()
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # touched, same bytes: same entry
+    assert gguf_cache.cached_folder_for(source) == first
+    source.write_bytes(b"GGUF two")  # edited: a new entry
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2_000_000_000))
+    assert gguf_cache.cached_folder_for(source) != first
 
 
 @pytest.fixture
