@@ -64,8 +64,11 @@ def reference_advantages(estimator: str, rewards: list[float], mask: list[list[b
     return out
 
 
-@pytest.mark.parametrize("estimator", ESTIMATORS)
-def test_every_estimator_runs_a_full_step(estimator, tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path,
+# One estimator per driver path: a critic (gae), a group baseline with the KL in the reward (reinforce_baseline), the KL
+# in the loss and no reference on the reward side (rloo). The dispatcher itself is checked for every estimator against
+# the same reference in tests/algorithms/test_advantages.py::test_dispatcher_matches_reference_pipeline.
+@pytest.mark.parametrize("estimator", ["reinforce_baseline", "rloo", "gae"])
+def test_each_driver_path_runs_a_full_step(estimator, tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path,
                                           monkeypatch):
     import torch
 
