@@ -48,7 +48,9 @@ class Encoder:
             mask += seg_mask
         if segments and segments[-1][1] == TURN and not any(i in self.special_ids for i in self.ids(segments[-1][0])):
             ids, mask = ids + [self._eos()], mask + [1]
-        ids, mask = self._with_prefix(ids, mask)
+        ids, prefixed_mask = self._with_prefix(ids, mask)
+        assert prefixed_mask is not None  # a mask in, a mask out
+        mask = prefixed_mask
         if all_targets:
             return ids, [1] * len(ids)
         last = max((i for i, m in enumerate(mask) if m), default=len(mask) - 1)

@@ -96,6 +96,7 @@ def sft_segments(row: Mapping[str, Any], tokenizer: Any, fmt: SftFormat) -> list
         response = require_text(get_field(row, fmt.output_key, "--output_key"), row, fmt.output_key) \
             if fmt.output_key else ""
         return [(text + response, TARGET)]
+    assert fmt.output_key is not None  # SftFormat refuses a plain input without --output_key
     response = require_text(get_field(row, fmt.output_key, "--output_key"), row, fmt.output_key)
     return plain_segments(apply_input_template(text, fmt.input_template), response)
 

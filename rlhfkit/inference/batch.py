@@ -127,7 +127,7 @@ def generate(cfg: Any, engines: list[Any] | None, stats: dict[str, Any]) -> list
                               max_new_tokens=cfg.max_new_tokens, n=cfg.best_of_n, seed=cfg.seed,
                               stop_token_ids=tuple(stop_token_ids(tokenizer))).shifted(first)
     owned = engines is None
-    if owned:
+    if engines is None:
         engines, owns_ray = start_engines(cfg, path)
         stats["precision"] = cfg.precision.summary()  # what --param_dtype resolved to, and why
     began = time.perf_counter()

@@ -88,7 +88,7 @@ def command_name(command: str) -> str | None:
 
 def summarize(metrics: RunMetrics, manifest: dict[str, Any] | None) -> RunSummary:
     manifest = manifest or {}
-    config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    config: dict[str, Any] = manifest["config"] if isinstance(manifest.get("config"), dict) else {}
     s = RunSummary(command=command_name(str(manifest.get("command") or "")), model=config.get("pretrain"),
                    estimator=config.get("advantage_estimator"))
     steps = sorted({x for per_step in metrics.series.values() for x in per_step})

@@ -180,9 +180,9 @@ def line_plot(series: list[Series], title: str, x_label: str = "step", y_label: 
         color = s.color or PALETTE[i % len(PALETTE)]
         name = escape(s.name)
         if s.band:
-            for run in _band_runs(s.band):
-                upper = [(x, hi) for x, _, hi in run]
-                lower = [(x, lo) for x, lo, _ in reversed(run)]
+            for band_run in _band_runs(s.band):
+                upper = [(x, hi) for x, _, hi in band_run]
+                lower = [(x, lo) for x, lo, _ in reversed(band_run)]
                 d = _path(frame, upper) + " " + _path(frame, lower).replace("M", "L", 1) + " Z"
                 out.append(f'<path class="band" data-metric="{name}" d="{d}" fill="{color}" fill-opacity="0.15" '
                            f'stroke="none"/>')

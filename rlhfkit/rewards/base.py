@@ -168,8 +168,9 @@ def concat_outputs(parts: Sequence[RewardOutput]) -> RewardOutput:
     logs: dict[str, torch.Tensor | list] = {}
     for key in parts[0].extra_logs:
         values = [p.extra_logs[key] for p in parts]
-        if all(isinstance(v, torch.Tensor) for v in values):
-            logs[key] = torch.cat(values)
+        tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        if len(tensors) == len(values):
+            logs[key] = torch.cat(tensors)
         else:
             logs[key] = [x for v in values for x in (v.tolist() if isinstance(v, torch.Tensor) else v)]
     return RewardOutput(torch.cat([p.rewards for p in parts]), torch.cat([p.scores for p in parts]), logs,

@@ -122,6 +122,7 @@ class RemoteRewardClient:
                     break
                 if attempt < attempts:
                     time.sleep(self.backoff * 2 ** (attempt - 1))
+        assert last is not None  # attempts >= 1, and every attempt that returns nothing failed
         raise RemoteRewardError(f"reward server {url} failed after {attempt} of {attempts} attempt(s) "
                                 f"(timeout {self.timeout:g} s per request): {last.message}")
 

@@ -113,8 +113,8 @@ def call_with_timeout(func: Callable[..., Any], args: tuple, timeout: float | No
         raise _CallFailed(f"timed out after {timeout:g} s (--reward_timeout); the call keeps running in a "
                           "background thread")
     if "error" in box:
-        err = box["error"]
-        raise _CallFailed(f"raised {type(err).__name__}: {err}", err)
+        raised = box["error"]
+        raise _CallFailed(f"raised {type(raised).__name__}: {raised}", raised)
     return box.get("value")
 
 
@@ -212,7 +212,9 @@ class RewardFuncSource:
                                       f"{sample_ref(idx[local], queries[idx[local]])}")
             out.rewards[local] = out.scores[local] = 0.0
             out.extra_logs[FAILED_KEY][local] = 1.0
-            out.extra_logs[ERROR_KEY][local] = reason
+            errors = out.extra_logs[ERROR_KEY]
+            assert isinstance(errors, list)  # the reasons column is a list of strings
+            errors[local] = reason
             out.failed += 1
         return out
 
@@ -224,7 +226,7 @@ class RewardFuncSource:
                 f" (found by re-calling sub-batches after the batch of {batch_size} failed: {first.reason})"
             raise RewardFuncError(f"reward function {self.name} failed on {sample_ref(index, query)}: "
                                   f"{failure.reason}{context}") from failure.cause
-        logs = {FAILED_KEY: torch.ones(1), ERROR_KEY: [failure.reason]}
+        logs: dict[str, torch.Tensor | list] = {FAILED_KEY: torch.ones(1), ERROR_KEY: [failure.reason]}
         return RewardOutput(torch.zeros(1), torch.zeros(1), logs, failed=1)
 
     def _irreproducible(self, size: int, first: _CallFailed) -> None:

@@ -56,7 +56,7 @@ class RewardModelSource:
             spec, dtype=dtype, attn_implementation=attn_implementation)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model.to(device).eval()
+        self.model.to(device).eval()  # type: ignore[arg-type]  # transformers types .to() for dtypes only
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(spec, use_fast=use_fast_tokenizer)
         if self.tokenizer.pad_token_id is None:
             raise ValueError(f"reward model {spec}: its tokenizer has no pad token")

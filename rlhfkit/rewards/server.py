@@ -63,6 +63,7 @@ class RewardServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET server: (host, port)
         return f"http://{host}:{port}{ENDPOINT}"
 
 
@@ -126,7 +127,7 @@ class RewardHandler(BaseHTTPRequestHandler):
         logger.debug("serve-rm %s: " + format, self.address_string(), *args)
 
 
-def parse_request(body: bytes) -> tuple[list[str], list[str] | None, list[Any] | None]:
+def parse_request(body: bytes) -> tuple[list[str], list[str], list[Any]]:
     """``(queries, prompts, labels)`` from a request body; :class:`BadRequest` (400) with the reason otherwise."""
     try:
         data = json.loads(body)
