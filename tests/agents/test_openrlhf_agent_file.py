@@ -96,6 +96,19 @@ def test_the_episode_reward_is_the_sum_of_the_step_rewards():
     assert results[-1].extra_logs == {"turn": 3.0}
 
 
+def test_an_agent_instance_base_file_without_an_executor_gets_openrlhfs_contract_too(tmp_path):
+    path = tmp_path / "no_executor.py"
+    path.write_text("import torch\nfrom rlhfkit.agents import AgentInstanceBase\n\n"
+                    "class AgentInstance(AgentInstanceBase):\n    def __init__(self):\n        self.turn = 0\n\n"
+                    "    async def step(self, states, **kwargs):\n        self.turn += 1\n"
+                    "        return {'rewards': torch.tensor(2.0), 'environment_feedback': '', "
+                    "'done': self.turn == 2}\n")
+    agent = load_agent(str(path))
+    assert agent.executor is not None and agent.executor.agent_instance_cls is agent.cls
+    results, _ = run_one_episode(agent, 0, ["a", "b"])
+    assert [r.reward for r in results] == [2.0, 4.0]  # summed; a plain class (no base) would end on 2.0
+
+
 def test_run_episodes_on_the_openrlhf_file_with_a_scripted_engine():
     """The whole agent path: three turns at most, the file's feedback in the sequence and masked, reward summed."""
     from rlhfkit.models.tiny import tiny_tokenizer
