@@ -3,7 +3,7 @@ rlhfkit/, function-level and `TYPE_CHECKING` imports included, so a lazy import 
 tests/algorithms/test_purity.py (`algorithms` imports nothing of ours).
 
 Dependencies point one way: cli -> (trainers | rl | inference) -> launch -> (engine, rollout, rewards, agents) ->
-(models, data, algorithms); `config` and `errors` sit below them all."""
+(models, data, algorithms); `config`, `errors` and `userfiles` (the user-file importer) sit below them all."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ ONLINE = {"rl", "trainers", "inference"}
 # package -> the rlhfkit packages it must not import (any module in them)
 FORBIDDEN: dict[str, set[str]] = {
     "errors": {"*"},                                                  # a leaf: imports nothing of ours
+    "userfiles": {p.name for p in PACKAGE_DIR.iterdir() if p.is_dir() and (p / "__init__.py").exists()},  # errors only
     "config": COMMANDS | ONLINE | {"launch"},                        # config imports no command
     "inference": COMMANDS | {"rl", "trainers"},
     "launch": COMMANDS | ONLINE,

@@ -25,6 +25,10 @@ turn, masked from the loss.
 Or the file defines `async def run_agent(base_url, prompt, label) -> float` instead: the agent calls the policy
 through an OpenAI-compatible endpoint (`rlhfkit.agents.openai_server`) and returns the episode's reward.
 
+OpenRLHF's shape works too (rlhfkit.agents.base): `class AgentInstance(AgentInstanceBase)` with
+`class AgentExecutor(MultiTurnAgentExecutor)`, imported from `rlhfkit.agents`; its episode reward is the sum of the
+step rewards, as in OpenRLHF.
+
 Anything else (no `AgentInstance`, a missing key, a NaN reward, an exception) stops the run with an error naming
 the file, the method, the episode and the turn.
 """
@@ -32,19 +36,22 @@ the file, the method, the episode and the turn.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import inspect
 import math
-import numbers
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.agents.base import AgentInstanceBase, MultiTurnAgentExecutor, as_real
 from rlhfkit.errors import AgentError, ConfigError
+from rlhfkit.userfiles import import_user_file
 
+FLAG = "--agent_func_path"
 AGENT_CLASS = "AgentInstance"
+EXECUTOR_CLASS = "AgentExecutor"  # OpenRLHF's: class AgentExecutor(MultiTurnAgentExecutor) naming its instance class
 RUN_AGENT = "run_agent"   # or: async def run_agent(base_url, prompt, label) -> reward (rlhfkit.agents.openai_server)
+FILE_SHAPE = (f"a .py file defining class {AGENT_CLASS} with step(states), or async def {RUN_AGENT}(base_url, prompt, "
+              "label); see docs/agents.md")
 
 
 @dataclass
@@ -66,6 +73,7 @@ class AgentSpec:
     cls: type | None
     action_max_len: int | None = None  # --agent_action_max_len
     run_agent: Any = None              # `async def run_agent(base_url, prompt, label)`: the OpenAI-endpoint shape
+    executor: MultiTurnAgentExecutor | None = None  # OpenRLHF's shape: its episodes adapt `cls` (rlhfkit.agents.base)
 
     @property
     def name(self) -> str:
@@ -78,32 +86,53 @@ class AgentSpec:
 
 
 def load_agent(path: str, action_max_len: int | None = None) -> AgentSpec:
-    """Import `path` and return its `AgentInstance` class; ConfigError naming the file when it is unusable."""
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"--agent_func_path {path}: no such file (a .py file defining class {AGENT_CLASS})")
-    module_name = f"rlhfkit_agent_{abs(hash(str(file.resolve())))}"
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"--agent_func_path {path}: cannot be imported as a Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    """Import `path` and return its environment; ConfigError naming the file when it is unusable.
+
+    In order: an `AgentExecutor` (OpenRLHF's shape: a MultiTurnAgentExecutor subclass naming the instance class), an
+    `AgentInstance` (an AgentInstanceBase subclass follows OpenRLHF's contract, a plain class rlhfkit's), `run_agent`.
+    """
+    module = import_user_file(path, FLAG, (AGENT_CLASS, EXECUTOR_CLASS, RUN_AGENT), FILE_SHAPE)
+    executor = _executor(module, path)
+    if executor is not None:
+        return AgentSpec(str(path), executor.agent_instance_cls, action_max_len, executor=executor)
     cls = getattr(module, AGENT_CLASS, None)
     run_agent = getattr(module, RUN_AGENT, None)
     if not inspect.isclass(cls) and callable(run_agent):
         return AgentSpec(str(path), None, action_max_len, run_agent)
     if not inspect.isclass(cls):
-        raise ConfigError(f"--agent_func_path {path}: defines no class {AGENT_CLASS} (with step(states) and "
-                          f"optionally reset(states)) and no {RUN_AGENT}(base_url, prompt, label); see docs/agents.md")
+        raise ConfigError(f"{FLAG} {path}: {AGENT_CLASS} is a {type(cls).__name__}, not a class ({FILE_SHAPE})")
     if not callable(getattr(cls, "step", None)):
-        raise ConfigError(f"--agent_func_path {path}: {AGENT_CLASS} has no step(self, states) method")
+        raise ConfigError(f"{FLAG} {path}: {AGENT_CLASS} has no step(self, states) method")
     return AgentSpec(str(path), cls, action_max_len)
+
+
+def _executor(module: Any, path: str) -> MultiTurnAgentExecutor | None:
+    """The file's `AgentExecutor()`, or one made around an AgentInstanceBase `AgentInstance`; None for other files."""
+    cls = getattr(module, EXECUTOR_CLASS, None)
+    if cls is None:
+        instance_cls = getattr(module, AGENT_CLASS, None)
+        if inspect.isclass(instance_cls) and issubclass(instance_cls, AgentInstanceBase):
+            return MultiTurnAgentExecutor(instance_cls)
+        return None
+    if not (inspect.isclass(cls) and issubclass(cls, MultiTurnAgentExecutor)):
+        raise ConfigError(f"{FLAG} {path}: {EXECUTOR_CLASS} must be a subclass of rlhfkit.agents."
+                          "MultiTurnAgentExecutor (write `from rlhfkit.agents import AgentInstanceBase, "
+                          "MultiTurnAgentExecutor`); a custom executor with its own execute() is not supported: for an "
+                          f"agent that calls an OpenAI-compatible server define {RUN_AGENT}(base_url, prompt, label), "
+                          "see docs/agents.md")
+    if callable(getattr(cls, "execute", None)):
+        raise ConfigError(f"{FLAG} {path}: {EXECUTOR_CLASS}.execute is not supported: rlhfkit runs the turns itself "
+                          "(batched, token in and token out) and calls your AgentInstance's reset/step; remove "
+                          f"execute, or define {RUN_AGENT}(base_url, prompt, label) for an agent of its own loop")
+    try:
+        return cls()
+    except Exception as err:
+        raise ConfigError(f"{FLAG} {path}: {EXECUTOR_CLASS}() raised {type(err).__name__}: {err}") from err
 
 
 def new_instance(agent: AgentSpec, episode: int) -> Any:
     try:
-        return agent.cls()
+        return agent.executor.new_episode() if agent.executor is not None else agent.cls()
     except Exception as err:
         raise AgentError(f"{agent.where('__init__', episode)} raised {type(err).__name__}: {err}") from err
 
@@ -149,6 +178,7 @@ def parse_step(agent: AgentSpec, result: Any, episode: int, turn: int) -> StepRe
     missing = [k for k in ("rewards", "done") if k not in result]
     if missing:
         raise AgentError(f"{where} returned no {' and no '.join(repr(k) for k in missing)} (keys: {sorted(result)})")
+    _refuse_unsupported(result, where)
     reward = _number(result["rewards"], where, "rewards")
     score = _number(result.get("scores", reward), where, "scores")
     feedback = result.get("environment_feedback") or ""
@@ -161,11 +191,21 @@ def parse_step(agent: AgentSpec, result: Any, episode: int, turn: int) -> StepRe
     return StepResult(reward, score, feedback, done, logs)
 
 
+def _refuse_unsupported(result: dict, where: str) -> None:
+    """OpenRLHF's step keys rlhfkit cannot honour: refused rather than ignored."""
+    if result.get("sampling_params") is not None:
+        raise AgentError(f"{where} returned sampling_params {result['sampling_params']!r}: every turn samples with the "
+                         "run's settings (--temperature, --top_p, --agent_action_max_len); return None (or "
+                         "states['sampling_params'], which is None) and set those flags instead")
+    if result.get("environment_images"):
+        raise AgentError(f"{where} returned environment_images: images in environment feedback are not supported; "
+                         "return text feedback only")
+
+
 def _number(value: Any, where: str, key: str) -> float:
-    if hasattr(value, "item") and getattr(value, "numel", lambda: 1)() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    number = as_real(value)
+    if number is None:
         raise AgentError(f"{where}: {key!r} must be a number, got {value!r}")
-    if not math.isfinite(float(value)):
-        raise AgentError(f"{where}: {key!r} is {value} (not finite); an environment reward must be a finite number")
-    return float(value)
+    if not math.isfinite(number):
+        raise AgentError(f"{where}: {key!r} is {number} (not finite); an environment reward must be a finite number")
+    return number

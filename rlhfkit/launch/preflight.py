@@ -14,14 +14,12 @@ host's) or reuses engines it is given. `rlhfkit batch-inference` runs the same c
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
 from rlhfkit.errors import ConfigError
+from rlhfkit.userfiles import import_user_file
 
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
@@ -149,50 +147,15 @@ def check_kv_cache_memory(kv_cache_mb: int, engines: int) -> None:
 # the user's Python files
 
 
-def import_user_file(flag: str, path: str, needs: str | tuple[str, ...], shape: str) -> Any:
-    """Import `path` as a throw-away module; ConfigError naming the flag, the file and the failing line when it does
-    not import or lacks `needs` (a tuple: lacks all of them). Returns the module."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ConfigError(f"{flag} {path}: no such file ({shape})")
-    name = f"rlhfkit_preflight_{abs(hash(str(file.resolve())))}"
-    spec = importlib.util.spec_from_file_location(name, file)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"{flag} {path}: cannot be imported as a Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except SyntaxError as err:
-        line = (err.text or "").rstrip()
-        raise ConfigError(f"{flag} {path}: syntax error at line {err.lineno}: {err.msg}"
-                          + (f"\n    {line.strip()}" if line else "")) from None
-    except Exception as err:
-        frames = [f for f in traceback.extract_tb(err.__traceback__) if Path(f.filename).resolve() == file.resolve()]
-        where = f" at line {frames[-1].lineno}" + (f"\n    {frames[-1].line}" if frames[-1].line else "") \
-            if frames else ""
-        raise ConfigError(f"{flag} {path}: importing it raised {type(err).__name__}: {err}{where}") from None
-    finally:
-        sys.modules.pop(name, None)
-    names = (needs,) if isinstance(needs, str) else needs
-    if not any(callable(getattr(module, n, None)) for n in names):
-        raise ConfigError(f"{flag} {path}: defines no {' and no '.join(names)} ({shape})")
-    return module
-
-
 def check_user_files(cfg: Any, agent: bool = True) -> None:
-    from rlhfkit.agents.environment import AGENT_CLASS, RUN_AGENT
+    """The reward files import and define `reward_func`; the agent file loads as `rlhfkit ppo` will load it."""
+    from rlhfkit.agents.environment import load_agent
     from rlhfkit.rewards.reward_func import FILE_SHAPE, FUNC_NAME
     from rlhfkit.rewards.sources import spec_kind, split_specs
 
     for flag in ("--reward_pretrain", "--remote_rm_url"):
         for spec in split_specs(getattr(cfg, flag[2:])):
             if spec_kind(spec) == "file":
-                import_user_file(flag, spec, FUNC_NAME, FILE_SHAPE)
+                import_user_file(spec, flag, FUNC_NAME, FILE_SHAPE, keep=False)
     if agent and cfg.agent_func_path:
-        module = import_user_file("--agent_func_path", cfg.agent_func_path, (AGENT_CLASS, RUN_AGENT),
-                                  f"a .py file defining class {AGENT_CLASS} with step(states), or async def "
-                                  f"{RUN_AGENT}(base_url, prompt, label); see docs/agents.md")
-        if hasattr(module, AGENT_CLASS) and not callable(getattr(getattr(module, AGENT_CLASS), "step", None)):
-            raise ConfigError(f"--agent_func_path {cfg.agent_func_path}: {AGENT_CLASS} has no step(self, states) "
-                              "method")
+        load_agent(cfg.agent_func_path)

@@ -29,10 +29,7 @@ normalisation) gets sub-batch values for the healthy samples of a failed batch u
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import logging
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -51,6 +48,7 @@ from rlhfkit.rewards.base import (
     sample_ref,
     to_float_vector,
 )
+from rlhfkit.userfiles import import_user_file
 
 logger = logging.getLogger(__name__)
 FUNC_NAME = "reward_func"
@@ -70,25 +68,10 @@ class _CallFailed(Exception):
 
 def load_reward_func(path: str | Path, func_name: str = FUNC_NAME) -> Callable[..., Any]:
     """Import ``path`` as a fresh module and return its ``func_name``; clear errors naming the file otherwise."""
-    file = Path(path).expanduser()
-    if not file.is_file():
+    if not Path(path).expanduser().is_file():
         raise FileNotFoundError(f"reward function file {str(path)!r} does not exist; {FILE_SHAPE}")
-    module_name = "rlhfkit_reward_func_" + hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:12]
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    if spec is None or spec.loader is None:
-        raise RewardFuncError(f"cannot import reward function file {str(path)!r} (is it a .py file?)")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # so dataclasses / pickling inside the user's file resolve the module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:
-        sys.modules.pop(module_name, None)
-        raise RewardFuncError(f"importing reward function file {str(path)!r} failed: "
-                              f"{type(err).__name__}: {err}") from err
-    func = getattr(module, func_name, None)
-    if not callable(func):
-        raise RewardFuncError(f"reward function file {str(path)!r} defines no function {func_name!r}; {FILE_SHAPE}")
-    return func
+    module = import_user_file(path, "reward function file", func_name, FILE_SHAPE, error=RewardFuncError)
+    return getattr(module, func_name)
 
 
 def call_with_timeout(func: Callable[..., Any], args: tuple, timeout: float | None, name: str) -> Any:

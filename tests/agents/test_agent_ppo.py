@@ -40,3 +40,20 @@ def test_an_agent_and_another_reward_source_contradict(tiny_model_dir, echo_prom
                  **{**AGENT, "remote_rm_url": str(HERE.parent / "rl" / "letters_reward.py")})
     with pytest.raises(ConfigError, match="--agent_action_max_len 4: must be >= 1 and goes with --agent_func_path"):
         run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, agent_action_max_len=4)
+
+
+def test_openrlhfs_example_agent_file_trains_a_step(tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
+    """OpenRLHF's examples/python/agent_func.py, only its import changed: 2-4 turns (randint(1, 3) + 1), its
+    feedback in the sequences, its 0/1 final reward as the episode reward and as `dummy_scores`."""
+    rows = run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine,
+               **{**AGENT, "agent_func_path": str(HERE / "openrlhf_agent_func.py"), "generate_max_len": 96,
+                  "max_samples": 4, "n_samples_per_prompt": 4, "train_batch_size": 16})  # one step of 16 episodes
+    [row] = rows
+    assert 2.0 < row["rollout/turns_mean"] <= 4.0
+    assert row["rollout/env_tokens_mean"] >= 20  # at least one "[INCORRECT] ... try again" per episode
+    assert row["rollout/response_length_mean"] <= 16  # 4 actions of at most 4 tokens
+    assert 0.0 <= row["rollout/reward_mean"] <= 1.0
+    assert row["reward/dummy_scores"] == pytest.approx(row["rollout/reward_mean"])
+    assert row["rollout/logprob_abs_diff_mean"] < 1e-3
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert any("Human: [INCORRECT]" in s["response"] for s in samples)

@@ -21,7 +21,7 @@ def test_load_agent_finds_the_class_and_names_the_file():
 
 @pytest.mark.parametrize("body, message", [
     (None, "no such file"),
-    ("x = 1\n", "defines no class AgentInstance"),
+    ("x = 1\n", "defines no AgentInstance and no AgentExecutor and no run_agent"),
     ("class AgentInstance:\n    pass\n", r"has no step\(self, states\) method"),
 ])
 def test_unusable_agent_files_are_config_errors(tmp_path, body, message):
