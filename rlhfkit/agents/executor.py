@@ -18,11 +18,13 @@ so turn 0 draws exactly the tokens a single-turn rollout of the same prompts dra
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from rlhfkit.agents.environment import AgentSpec, StepResult, call_all, new_instance, parse_reset, parse_step
@@ -74,6 +76,7 @@ def run_episodes(engines: Sequence[Any], prompts: list[dict[str, Any]], sampling
     if action_max_len is not None and action_max_len < 1:
         raise ValueError(f"action_max_len (--agent_action_max_len) must be >= 1, got {action_max_len}")
     clock = {"generation": 0.0, "environment": 0.0}
+    seed_agent_generators(sampling.seed)
     began = time.perf_counter()
     episodes = _start(prompts, sampling.n, agent, tokenizer)
     clock["environment"] += time.perf_counter() - began
@@ -87,6 +90,17 @@ def run_episodes(engines: Sequence[Any], prompts: list[dict[str, Any]], sampling
         clock["environment"] += time.perf_counter() - began
         turn += 1
     return _collect(episodes, tokenizer, clock)
+
+
+def seed_agent_generators(seed: int | None) -> None:
+    """Seed Python's, NumPy's and torch's global generators in this (the driver's) process from the step's sampling
+    seed, so an agent file that draws from them (OpenRLHF's example draws its episode length with `random`) runs the
+    same under the same `--seed`, resumed or not. Unseeded sampling (`seed` None) leaves them alone."""
+    if seed is None:
+        return
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 def _start(prompts: list[dict[str, Any]], n: int, agent: AgentSpec, tokenizer: Any) -> list[Episode]:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from rlhfkit.agents.environment import AgentSpec
-from rlhfkit.agents.executor import AgentRollout
+from rlhfkit.agents.executor import AgentRollout, seed_agent_generators
 from rlhfkit.errors import AgentError, DriftError
 from rlhfkit.rollout.dispatch import generate_on_engines
 from rlhfkit.rollout.types import FinishReason, RolloutSample, SamplingConfig
@@ -268,6 +268,7 @@ def run_endpoint_episodes(engines: Sequence[Any], prompts: list[dict[str, Any]],
     """Run `sampling.n` episodes of `agent.run_agent` per prompt concurrently against one loopback endpoint."""
     rows = [(i, j, p) for i, p in enumerate(prompts) for j in range(sampling.n)]
     logs = [EpisodeLog(r) for r in range(len(rows))]
+    seed_agent_generators(sampling.seed)  # draws made before the episodes' first await are then reproducible
     began = time.perf_counter()
     with EndpointServer(engines, tokenizer, sampling, logs, action_max_len, generate) as server:
         async def one(row: int, prompt: dict) -> Any:

@@ -124,11 +124,12 @@ def test_run_episodes_on_the_openrlhf_file_with_a_scripted_engine():
         return [RolloutSample(i, 0, list(c), list(action), [-0.5] * len(action), "length")
                 for i, c in enumerate(contexts)]
 
+    random.seed(3)  # run_episodes seeds the generators from the sampling seed (3) itself: disturb them first
+    random.random()
+    sampling = SamplingConfig(max_new_tokens=400, n=3, seed=3)
+    out = run_episodes([None], prompts, sampling, agent, tok, generate=generate)
     random.seed(3)
-    draws = [random.randint(1, 3) for _ in range(6)]  # the max_steps the file will draw for the six episodes
-    random.seed(3)
-    torch.manual_seed(0)
-    out = run_episodes([None], prompts, SamplingConfig(max_new_tokens=400, n=3, seed=0), agent, tok, generate=generate)
+    draws = [random.randint(1, 3) for _ in range(6)]  # the max_steps the file drew for the six episodes
     feedback = tok(INCORRECT, add_special_tokens=False)["input_ids"]
     assert next(calls) == max(draws) + 1  # one batched engine call per turn
     for sample, steps, reward in zip(out.samples, draws, out.rewards.tolist()):
@@ -137,6 +138,9 @@ def test_run_episodes_on_the_openrlhf_file_with_a_scripted_engine():
         assert sample.action_mask == ([True] * len(action) + [False] * len(feedback)) * steps + [True] * len(action)
         assert reward in (0.0, 1.0)
     assert out.scores.tolist() == out.rewards.tolist() == out.extra_logs["dummy_scores"].tolist()
+    again = run_episodes([None], prompts, sampling, agent, tok, generate=generate)  # same seed: the same episodes
+    assert again.rewards.tolist() == out.rewards.tolist()
+    assert [s.response_ids for s in again.samples] == [s.response_ids for s in out.samples]
 
 
 @pytest.mark.parametrize("body, message", [
