@@ -78,9 +78,10 @@ FLAGS = {"optim": "muon", "muon_lr": 0.05, "muon_momentum": 0.9, "learning_rate"
 
 @pytest.mark.parametrize("nesterov", [True, False])
 def test_a_muon_step_matches_the_float64_formulas(tiny_model_dir, nesterov):
-    """Two engine steps (warmup: factors 1/2 then 1 of --muon_lr and --learning_rate): a tall and a square hidden
-    matrix follow Muon's formula (momentum, nesterov, 5 quintic Newton-Schulz steps, lr sqrt(max(1, m/n)),
-    decoupled decay), the embeddings and a norm weight follow AdamW (--adam_betas, --adam_eps, --l2 on 2-D only)."""
+    """Two engine steps of --optim muon (warmup: factors 1/2 then 1 of --muon_lr and --learning_rate): a tall and a
+    square hidden matrix follow Muon's formula (--muon_momentum, --muon_nesterov or --no-muon_nesterov,
+    --muon_ns_steps 5 quintic Newton-Schulz steps, lr sqrt(max(1, m/n)), decoupled decay --l2), the embeddings and a
+    norm weight follow AdamW (--adam_betas, --adam_eps, --l2 on 2-D only)."""
     flags = {**FLAGS, "muon_ns_steps": 5} if nesterov else {**FLAGS, "no-muon_nesterov": True}
     engine = sft_engine(tiny_model_dir, flags)
     params = dict(engine.model.named_parameters())
