@@ -542,6 +542,35 @@ for _command in OFFLINE:  # ppo's max_norm is registered with the PPO algorithm 
     EFFECTS[f"{_command}:max_norm"] = _t("gradients are clipped to this global norm before the step (0: not clipped); "
                                          "the pre-clip norm is logged", _OPT + "test_max_norm_clips_the_gradient")
 
+# ---- optimiser choice (every training command) and ppo's per-role optimiser flags (#13)
+_MUON_STEP = "tests/engine/test_muon.py::test_a_muon_step_matches_the_float64_formulas"
+_ROLES = "tests/config/test_ppo_optim_roles.py::"
+_INHERIT = _ROLES + "test_unset_role_flags_inherit_the_shared_ones"
+EFFECTS.update({
+    "adam_eps": _t("AdamW's epsilon in every AdamW group: two steps equal the float64 AdamW formula with it; ppo's "
+                   "actor and critic inherit it", _MUON_STEP, _INHERIT),
+    "optim": _t("muon: torch.optim.Muon over the hidden matrices (attention and MLP projections; LoRA A/B), AdamW "
+                "over embeddings, lm_head, the value head, norms; two steps equal the float64 formulas; an SFT run "
+                "with only the Muon matrices learning lowers the held-out loss; FSDP2-sharded Muon equals the whole-"
+                "matrix update", _MUON_STEP, "tests/engine/test_muon.py::test_the_muon_parameter_split",
+                "tests/engine/test_muon.py::test_sft_with_muon_learns_and_resumes_its_momentum_exactly",
+                "tests/engine/test_muon.py::test_fsdp2_sharded_muon_orthogonalises_the_whole_matrix", _INHERIT),
+    "muon_lr": _t("the Muon group's peak lr (same schedule as AdamW's): the step's lr sqrt(max(1, m/n)) x NS(U)",
+                  _MUON_STEP, _INHERIT),
+    "muon_momentum": _t("B <- mu B + (1 - mu) G in the float64 reference the step matches", _MUON_STEP, _INHERIT),
+    "muon_ns_steps": _t("the number of quintic Newton-Schulz iterations of the reference the step matches",
+                        _MUON_STEP),
+    "muon_nesterov": _t("U = (1 - mu) G + mu B (on) or B (--no-muon_nesterov): each matches its reference and not "
+                        "the other's", _MUON_STEP),
+})
+for _role in ("actor", "critic"):
+    for _flag in ("optim", "adam_betas", "adam_eps", "l2", "max_norm", "lr_scheduler", "lr_warmup_ratio",
+                  "min_lr_ratio", "muon_lr", "muon_momentum", "muon_ns_steps", "muon_nesterov"):
+        EFFECTS[f"ppo:{_role}_{_flag}"] = _t(
+            f"the {_role} worker's optimizer groups / LambdaLR / clipping take it (the other role keeps its own or "
+            f"the shared --{_flag}); out-of-range values are refused naming the flag",
+            _ROLES + "test_per_role_flags_reach_each_workers_optimizer_schedule_and_clipping")
+
 
 _merged = False
 

@@ -73,8 +73,16 @@ class TrainOptions:
                             choices=["cosine_with_min_lr", "cosine", "constant", "linear"])
     min_lr_ratio: float = opt(0.1, "final learning rate as a fraction of the peak (cosine_with_min_lr)")
     adam_betas: list[float] = opt([0.9, 0.95], "AdamW betas")
-    l2: float = opt(0.0, "AdamW weight decay")
+    adam_eps: float = opt(1e-8, "AdamW epsilon")
+    l2: float = opt(0.0, "weight decay (AdamW's matrices; with --optim muon also Muon's, decoupled)")
     max_norm: float = opt(1.0, "gradient clipping norm (0 disables)")
+    optim: str = opt("adam", "adam: AdamW for every parameter; muon: torch.optim.Muon (Newton-Schulz orthogonalised "
+                             "momentum) for the 2-D hidden weight matrices, AdamW (--learning_rate) for embeddings, "
+                             "lm_head, the value head, norms and biases (docs/engine.md)", choices=["adam", "muon"])
+    muon_lr: float = opt(0.02, "--optim muon: peak learning rate of the Muon matrices (same schedule)")
+    muon_momentum: float = opt(0.95, "--optim muon: Muon momentum")
+    muon_ns_steps: int = opt(5, "--optim muon: Newton-Schulz iterations")
+    muon_nesterov: bool = opt(True, "--optim muon: Nesterov momentum (--no-muon_nesterov: plain momentum)")
     zero_stage: int = opt(2, "2: keep gathered params between forward and backward (FSDP2 "
                              "reshard_after_forward=False); 3: reshard after forward", choices=[2, 3])
     adam_offload: bool = opt(False, "FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer state on CPU "

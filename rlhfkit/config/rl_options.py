@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlhfkit.config.optim_options import RoleOptimOptions
 from rlhfkit.config.options import (
     CheckpointOptions,
     LoggingOptions,
@@ -222,4 +223,5 @@ class PromptDataOptions:
 
 
 RL_GROUPS: list[type] = [PlacementOptions, RolloutOptions, RLAlgorithmOptions, RewardOptions, RemoteRewardOptions,
-                         PromptDataOptions, ModelOptions, TrainOptions, CheckpointOptions, LoggingOptions]
+                         PromptDataOptions, ModelOptions, TrainOptions, RoleOptimOptions, CheckpointOptions,
+                         LoggingOptions]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhfkit.config.optim_options import validate_optim
 from rlhfkit.errors import ConfigError
 
 
@@ -39,6 +40,7 @@ def validate_common(cfg: Any) -> None:
         raise ConfigError("--load_checkpoint needs --ckpt_path")
     if not 0.0 <= cfg.lr_warmup_ratio <= 1.0:
         raise ConfigError(f"--lr_warmup_ratio {cfg.lr_warmup_ratio} must lie in [0, 1]")
+    validate_optim(cfg)
     if cfg.lora_rank < 0:
         raise ConfigError("--lora_rank must be >= 0")
     if getattr(cfg, "load_in_4bit", False) and cfg.lora_rank <= 0:

@@ -1,14 +1,21 @@
-"""AdamW and the learning-rate schedules (linear warmup, then cosine with a floor)."""
+"""The optimizers (AdamW; Muon with AdamW, rlhfkit.engine.muon) and the learning-rate schedules (linear warmup,
+then cosine with a floor)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from rlhfkit.config.optim_options import OptimSettings
+from rlhfkit.engine.muon import MuonWithAdamW, muon_parameters
 
-def build_optimizer(model: torch.nn.Module, lr: float, betas: list[float], weight_decay: float) -> torch.optim.AdamW:
+
+def build_optimizer(model: torch.nn.Module, lr: float, betas: Sequence[float], weight_decay: float,
+                    eps: float = 1e-8) -> torch.optim.AdamW:
     """AdamW over trainable parameters; no weight decay on biases and norm weights (1-D tensors).
 
     Plain (unsharded) float parameters take torch's fused kernel: on the 135M model on a 2-core CPU a step takes
@@ -19,10 +26,25 @@ def build_optimizer(model: torch.nn.Module, lr: float, betas: list[float], weigh
         if param.requires_grad:
             (no_decay if param.ndim < 2 else decay).append(param)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    params = decay + no_decay
+    return torch.optim.AdamW(groups, lr=lr, betas=(betas[0], betas[1]), eps=eps, **_adamw_kernel(decay + no_decay))
+
+
+def _adamw_kernel(params: list[torch.nn.Parameter]) -> dict[str, Any]:
     fused = bool(params) and all(type(p) is torch.nn.Parameter and p.is_floating_point()
                                  and p.device.type in ("cpu", "cuda") for p in params)
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), **({"fused": True} if fused else {"foreach": False}))
+    return {"fused": True} if fused else {"foreach": False}
+
+
+def make_optimizer(model: torch.nn.Module, s: OptimSettings) -> torch.optim.Optimizer:
+    """The optimizer `s` asks for: AdamW (--optim adam), or Muon for the hidden matrices with AdamW for the rest
+    (--optim muon; the split is rlhfkit.engine.muon.muon_parameters)."""
+    if s.optim == "adam":
+        return build_optimizer(model, s.lr, s.betas, s.weight_decay, s.eps)
+    muon, decay, no_decay = muon_parameters(model)
+    groups = [{"params": decay, "weight_decay": s.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return MuonWithAdamW(muon, groups, lr=s.lr, betas=s.betas, eps=s.eps, muon_lr=s.muon_lr, momentum=s.muon_momentum,
+                         nesterov=s.muon_nesterov, ns_steps=s.muon_ns_steps, weight_decay=s.weight_decay,
+                         adamw_kwargs=_adamw_kernel(decay + no_decay))
 
 
 def lr_factor(step: int, *, total_steps: int, warmup_steps: int, schedule: str, min_lr_ratio: float) -> float:

@@ -1,4 +1,4 @@
-"""TrainEngine: one FSDP2-sharded model with its AdamW optimizer and lr schedule.
+"""TrainEngine: one FSDP2-sharded model with its optimizer (AdamW, or Muon with AdamW) and lr schedule.
 
 Used by every trainer (offline loop, PPO actor and critic). It does not know about data or losses.
 """
@@ -11,16 +11,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhfkit.config.optim_options import optim_settings
 from rlhfkit.engine.distributed import DistInfo
 from rlhfkit.engine.fsdp import shard_model
-from rlhfkit.engine.optim import build_optimizer, build_scheduler
+from rlhfkit.engine.optim import build_scheduler, make_optimizer
 
 
 class TrainEngine:
     """Owns model, optimizer and scheduler; exposes backward / step / lr."""
 
     def __init__(self, model: nn.Module, cfg: Any, dist_info: DistInfo, total_steps: int,
-                 learning_rate: float | None = None) -> None:
+                 learning_rate: float | None = None, role: str | None = None) -> None:
+        """`role`: 'actor' or 'critic' in ppo, whose --<role>_* optimiser flags override the shared ones;
+        `learning_rate`: AdamW's peak lr (default --learning_rate)."""
         self.dist = dist_info
         self.cfg = cfg
         if cfg.gradient_checkpointing:
@@ -31,10 +34,11 @@ class TrainEngine:
                                  param_dtype=cfg.param_dtype, cpu_offload=cfg.adam_offload)
         self.aux_loss_coef = float(getattr(cfg, "aux_loss_coef", 0.0) or 0.0)
         self.aux_loss = _router_aux_loss(self.model, self.aux_loss_coef)
-        lr = cfg.learning_rate if learning_rate is None else learning_rate
-        self.optimizer = build_optimizer(self.model, lr, cfg.adam_betas, cfg.l2)
-        self.scheduler = build_scheduler(self.optimizer, total_steps=total_steps, warmup_ratio=cfg.lr_warmup_ratio,
-                                         schedule=cfg.lr_scheduler, min_lr_ratio=cfg.min_lr_ratio)
+        self.settings = optim_settings(cfg, role, learning_rate)
+        self.optimizer = make_optimizer(self.model, self.settings)
+        self.scheduler = build_scheduler(self.optimizer, total_steps=total_steps,
+                                         warmup_ratio=self.settings.lr_warmup_ratio,
+                                         schedule=self.settings.lr_scheduler, min_lr_ratio=self.settings.min_lr_ratio)
 
     @property
     def lr(self) -> float:
@@ -47,15 +51,16 @@ class TrainEngine:
         self.model.eval()
 
     def optimizer_step(self, report: dict[str, float] | None = None) -> float:
-        """Clip (if --max_norm > 0), step, schedule, zero grads; return the pre-clip global grad norm.
+        """Clip (if --max_norm, or ppo's --<role>_max_norm, > 0), step, schedule, zero grads; return the pre-clip
+        global grad norm.
 
         `report` (a dict, for --debug_dump_steps; None costs nothing): filled with `lr` (the one this step uses),
         `grad_norm_after_clip`, and the size of the update over all parameters, `update_max_abs` (max |delta|) and
         `update_norm` (||delta||_2), global over the ranks."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         before = [_local(p).detach().clone() for p in self.model.parameters()] if report is not None else None
-        if self.cfg.max_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_norm)
+        if self.settings.max_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.settings.max_norm)
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         value = float(_full(norm))

@@ -18,6 +18,7 @@ import torch
 
 from rlhfkit.agents.environment import AgentSpec, load_agent
 from rlhfkit.algorithms.rewards import AdaptiveKLController, FixedKLController
+from rlhfkit.config.optim_options import validate_optim
 from rlhfkit.config.parse import config_to_dict
 from rlhfkit.config.plan import RLPlan, resolve_plan
 from rlhfkit.config.validate import require
@@ -133,6 +134,8 @@ def validate_rl(cfg: Any) -> None:
         raise ConfigError("give a reward: --remote_rm_url (reward_func .py, builtin:NAME or http URL) "
                           "or --reward_pretrain")
     plan = resolve_plan(cfg)
+    trained = ("actor", "critic") if plan.needs_critic else ("actor",)
+    validate_optim(cfg, trained, absent=() if plan.needs_critic else ("critic",))
     if plan.group_estimator and cfg.n_samples_per_prompt < 2:
         raise ConfigError(f"--advantage_estimator {cfg.advantage_estimator} compares the samples of a prompt: "
                           "set --n_samples_per_prompt >= 2")

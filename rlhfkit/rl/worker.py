@@ -128,7 +128,7 @@ class ModelWorker:
 
                 model = apply_lora(model, self.cfg.lora_rank, self.cfg.lora_alpha, self.cfg.target_modules,
                                    self.cfg.lora_dropout)
-            self.engine = TrainEngine(model, self.cfg, self.dist, total_steps, learning_rate)
+            self.engine = TrainEngine(model, self.cfg, self.dist, total_steps, learning_rate, role=self.role)
             self.model = self.engine.model
             self.has_dropout = has_active_dropout(model)
         else:
