@@ -98,8 +98,9 @@ class RLSetup:
         kl_ctl = getattr(self, "kl_ctl", None)
         if kl_ctl is not None:
             state["kl_ctl"] = kl_ctl.state_dict()
-        if self.best is not None:  # the best eval so far (this step's evaluation ran before the checkpoint)
-            state["best_metric"] = self.best.state()
+        best = getattr(self, "best", None)
+        if best is not None:  # the best eval so far (this step's evaluation ran before the checkpoint)
+            state["best_metric"] = best.state()
         self.actor.call("save_checkpoint", f"{self.cfg.ckpt_path}/actor", step, state, self.cfg.max_ckpt_num)
         if self.critic is not None:
             self.critic.call("save_checkpoint", f"{self.cfg.ckpt_path}/critic", step, state, self.cfg.max_ckpt_num)
@@ -535,7 +536,7 @@ def _resume(s: RLSetup) -> None:
         s.ptx.cursor = states[0].get("ptx_cursor", 0)
     if getattr(s, "kl_ctl", None) is not None and "kl_ctl" in states[0]:  # the adaptive coefficient goes on
         s.kl_ctl.load_state_dict(states[0]["kl_ctl"])
-    if s.best is not None:
+    if getattr(s, "best", None) is not None:
         s.best.load_state(states[0].get("best_metric"))
     notes = [f"actor {record_resume(s.cfg.run_dir, 'actor', states[0])}"]
     if s.critic is not None:

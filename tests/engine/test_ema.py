@@ -38,8 +38,8 @@ def _step(engine: TrainEngine, seed: int) -> None:
 
 
 def test_ema_after_real_steps_matches_a_float64_hand_computation():
-    """ema_T = beta^T theta_0 + (1 - beta) sum_t beta^(T-t) theta_t from the recorded parameter trajectory; frozen
-    parameters are not averaged; without ema_beta the engine keeps no EMA."""
+    """The engine of a ppo --enable_ema actor: ema_T = beta^T theta_0 + (1 - beta) sum_t beta^(T-t) theta_t from the
+    recorded parameter trajectory; frozen parameters are not averaged; without ema_beta the engine keeps no EMA."""
     beta = 0.7
     engine = _engine(beta)
     names = [n for n, p in engine.model.named_parameters() if p.requires_grad]
