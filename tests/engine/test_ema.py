@@ -106,3 +106,30 @@ def test_ema_beta_outside_the_interval_or_without_enable_ema_is_refused(argv, me
     cfg = _ppo("--enable_ema")
     validate_rl(cfg)
     assert cfg.ema_beta is None  # the workers take OpenRLHF's default 0.992
+
+
+def test_a_lora_actor_saves_the_average_of_its_adapters(tiny_model_dir, tokenizer, tmp_path):
+    """With --lora_rank only the adapters train, so only they are averaged (ppo --enable_ema): the saved adapter
+    file holds the EMA of lora_A / lora_B (here beta theta_0 + (1 - beta) theta_1), not the live adapters."""
+    from safetensors.torch import load_file
+
+    from rlhfkit.engine.checkpoint import save_hf_folder
+    from rlhfkit.models.loading import load_causal_lm
+    from rlhfkit.models.lora import apply_lora
+
+    torch.manual_seed(0)
+    engine = TrainEngine(apply_lora(load_causal_lm(tiny_model_dir), 4), CFG, DIST, total_steps=10, ema_beta=0.5)
+    assert engine.ema.shadow and all("lora_" in name for name in engine.ema.shadow)
+    start = {n: p.detach().clone() for n, p in engine.model.named_parameters() if p.requires_grad}
+    ids = torch.randint(3, 200, (2, 12), generator=torch.Generator().manual_seed(1))
+    engine.model(input_ids=ids, labels=ids).loss.backward()
+    engine.optimizer_step()
+    save_hf_folder(engine.model, tokenizer, tmp_path / "hf", weights=engine.ema.full_state())
+    saved = load_file(str(tmp_path / "hf" / "adapter_model.safetensors"))
+    live = dict(engine.model.named_parameters())
+    assert len(saved) == len(start)
+    for key, value in saved.items():
+        name = key.replace(".weight", ".default.weight")  # peft's file drops the adapter name
+        expected = 0.5 * start[name].double() + 0.5 * live[name].detach().double()
+        torch.testing.assert_close(value.double(), expected, rtol=1e-6, atol=1e-8)
+    assert any(not torch.equal(saved[k], live[k.replace(".weight", ".default.weight")].detach()) for k in saved)
