@@ -64,6 +64,8 @@ _REFUSED_PPO = _OPT + "test_shared_flags_ppo_does_not_act_on_are_refused"
 _PPO_MICRO = _PPO + "test_training_micro_batches_follow_the_flags"
 _PPO_SAVE = _PPO + "test_checkpoint_and_save_flags_direct_the_workers"
 _RUNS = "tests/observability/test_runs_compare.py::"
+_BEST = "tests/trainers/test_best_checkpoint.py::"
+_EMA = "tests/engine/test_ema.py::"
 
 _CUDA_ONLY = ("FSDP2's CPUOffloadPolicy is applied on CUDA only; on a CPU machine parameters, gradients and optimizer "
               "state already live in host memory, so the flag is accepted and changes nothing there")
@@ -205,6 +207,23 @@ EFFECTS: dict[str, Effect] = {
     "ppo:ckpt_path": _t("where actor and critic checkpoints are written; a missing critic checkpoint there is an "
                         "error on resume", _PPO_SAVE,
                         _PPO_FULL + "test_resume_without_the_critic_checkpoint_is_an_error"),
+    "best_metric_key": _t("<ckpt_path>/best holds the weights of the evaluation with the lowest eval/loss (those of "
+                          "that step's checkpoint) and best_metric.json its step and value; an unknown key stops the "
+                          "run at the first evaluation, listing the eval metrics",
+                          _BEST + "test_sft_keeps_the_model_of_the_lowest_eval_loss",
+                          _BEST + "test_sft_with_an_unknown_best_metric_key_stops_at_the_first_evaluation"),
+    "ppo:best_metric_key": _t("<ckpt_path>/best holds the saved model (the EMA) of the step with the highest "
+                              "eval/reward_mean; the best so far is in the resume checkpoint; an unknown key or no "
+                              "--eval_dataset is refused before the run", _PPO_RUN + "test_resume_reproduces_the_"
+                              "uninterrupted_run", _BEST + "test_tracker_direction_values_and_resume_state"),
+    "ppo:enable_ema": _t("the saved model is the actor's EMA, not the actor: equal to a float64 hand computation from "
+                         "the per-step checkpoints' actor weights, the same after a resume, the same on 1 and 2 "
+                         "(sharded) actor ranks", _PPO_RUN + "test_resume_reproduces_the_uninterrupted_run",
+                         _PPO_RUN + "test_two_trainer_ranks_match_one",
+                         _EMA + "test_ema_after_real_steps_matches_a_float64_hand_computation"),
+    "ppo:ema_beta": _t("the EMA's decay (0.5 and 0.25 in the runs); outside (0, 1), or without --enable_ema, refused",
+                       _PPO_RUN + "test_resume_reproduces_the_uninterrupted_run",
+                       _EMA + "test_ema_beta_outside_the_interval_or_without_enable_ema_is_refused"),
     # ---- logging (MetricsLogger: offline loop and the ppo loop)
     "run_dir": _t("the run folder (manifest, metrics.jsonl)", _SCAFFOLD, _SHORT_RUN),
     "ppo:run_dir": _t("the run folder (manifest)", _PPO_SETUP),

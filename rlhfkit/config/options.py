@@ -103,6 +103,11 @@ class CheckpointOptions:
     max_ckpt_num: int = opt(3, "keep at most this many full-state checkpoints")
     load_checkpoint: bool = opt(False, "resume from the newest checkpoint in --ckpt_path")
     save_hf_ckpt: bool = opt(False, "also write an HF folder inside each checkpoint")
+    best_metric_key: str | None = opt(None, "after each evaluation where this eval metric (as logged, e.g. "
+                                            "eval/pass@1, eval/loss) is the best so far, write the model to "
+                                            "<ckpt_path>/best (HF folder + best_metric.json: key, value, step); lower "
+                                            "is better for a key containing 'loss', higher otherwise; 'auto': "
+                                            "eval/pass@1 (ppo) or eval/loss; needs --eval_dataset")
 
 
 @dataclass

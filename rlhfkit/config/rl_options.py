@@ -158,6 +158,11 @@ class RLAlgorithmOptions:
                                                    "per-token policy/value losses, entropy, IS weights, clip "
                                                    "fractions, grad norms before and after clipping, update size; "
                                                    "for checking a run by hand (docs/rl.md). Off by default")
+    enable_ema: bool = opt(False, "keep an exponential moving average of the actor's weights, ema = beta * ema + "
+                                  "(1 - beta) * theta after every optimizer step (float32, starting from the "
+                                  "initial weights, part of the resume checkpoint); the saved models (--save_path, "
+                                  "--save_hf_ckpt, --best_metric_key) are the EMA, generation uses the live actor")
+    ema_beta: float | None = opt(None, "decay beta of --enable_ema, in (0, 1) (default 0.992)")
 
 
 @dataclass

@@ -79,14 +79,26 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_hf_folder(model: torch.nn.Module, tokenizer: Any, out_dir: str | Path,
-                   extra_config: dict[str, Any] | None = None) -> None:
-    """Write an HF folder (safetensors + config + tokenizer) that `from_pretrained` loads. Collective."""
+                   extra_config: dict[str, Any] | None = None, weights: dict[str, torch.Tensor] | None = None) -> None:
+    """Write an HF folder (safetensors + config + tokenizer) that `from_pretrained` loads. Collective.
+
+    `weights` (full tensors by parameter name, e.g. the EMA's `full_state`): written instead of the model's own,
+    each in the dtype of the tensor it replaces."""
     state = full_state_dict(model)
     if _rank() == 0:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         unwrapped = getattr(model, "module", model)
-        for tied, source in (getattr(unwrapped, "all_tied_weights_keys", None) or {}).items():
+        tied_keys = getattr(unwrapped, "all_tied_weights_keys", None) or {}
+        if weights:
+            unknown = sorted(set(weights) - set(state))
+            if unknown:
+                raise KeyError(f"save_hf_folder: weights for parameters the model does not have: {unknown[:5]}")
+            # a tied weight is one parameter (named once): its other name takes the same replacement
+            weights = {**{t: weights[s] for t, s in tied_keys.items() if s in weights and t in state},
+                       **{s: weights[t] for t, s in tied_keys.items() if t in weights and s in state}, **weights}
+            state.update({k: v.to(state[k].dtype) for k, v in weights.items()})
+        for tied, source in tied_keys.items():
             # gathered from shards, a tied weight is its own tensor, which save_pretrained would write twice
             # (a single-rank state dict shares storage and is written once): keep the source only
             if tied in state and source in state and torch.equal(state[tied], state[source]):
@@ -109,8 +121,11 @@ def list_checkpoints(ckpt_path: str | Path) -> list[Path]:
 
 def save_checkpoint(ckpt_path: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: Any, trainer_state: dict[str, Any], max_keep: int,
-                    extra_models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None) -> Path:
-    """Write `<ckpt_path>/global_step<step>` with everything needed to resume exactly. Collective."""
+                    extra_models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None,
+                    extra_state: dict[str, dict[str, torch.Tensor]] | None = None) -> Path:
+    """Write `<ckpt_path>/global_step<step>` with everything needed to resume exactly. Collective.
+
+    `extra_state`: more sharded tensors by name (e.g. {"ema": the EMA's state_dict}), each in its own DCP folder."""
     final = Path(ckpt_path) / f"{STEP_PREFIX}{step}"
     tmp = final.with_suffix(".tmp")
     if _rank() == 0:
@@ -121,6 +136,8 @@ def save_checkpoint(ckpt_path: str | Path, step: int, model: torch.nn.Module, op
     for name, (mod, opt) in models.items():
         msd, osd = get_state_dict(mod, opt)
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / name))
+    for name, tensors in (extra_state or {}).items():
+        dcp.save(tensors, checkpoint_id=str(tmp / name))
     torch.save(rng_state(), tmp / f"rng_rank{_rank()}.pt")
     if _rank() == 0:
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
@@ -138,7 +155,8 @@ def save_checkpoint(ckpt_path: str | Path, step: int, model: torch.nn.Module, op
 
 def load_checkpoint(ckpt_path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
                     extra_models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None,
-                    seed: int = 0) -> dict[str, Any] | None:
+                    seed: int = 0, extra_state: dict[str, dict[str, torch.Tensor]] | None = None,
+                    ) -> dict[str, Any] | None:
     """Restore the newest checkpoint in place; return its trainer state, or None when there is none.
 
     The state carries `saved_world_size` (the ranks that wrote it; counted from the RNG files for checkpoints
@@ -155,6 +173,14 @@ def load_checkpoint(ckpt_path: str | Path, model: torch.nn.Module, optimizer: to
         state = {"model": msd, "optim": osd}
         dcp.load(state, checkpoint_id=str(folder / name))
         set_state_dict(mod, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    for name, tensors in (extra_state or {}).items():  # loaded in place (resharded like the model)
+        if not (folder / name).is_dir():
+            from rlhfkit.errors import ConfigError
+
+            raise ConfigError(f"--load_checkpoint: {folder} holds no '{name}' state (the run that wrote it did not "
+                              f"keep one: for 'ema', it ran without --enable_ema); resume without that option, "
+                              "or start fresh")
+        dcp.load(tensors, checkpoint_id=str(folder / name))
     scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
     state = json.loads((folder / "trainer_state.json").read_text())
     saved = int(state.get("world_size") or len(list(folder.glob("rng_rank*.pt"))))

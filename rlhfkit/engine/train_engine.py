@@ -13,17 +13,19 @@ from torch import nn
 
 from rlhfkit.config.optim_options import optim_settings
 from rlhfkit.engine.distributed import DistInfo
+from rlhfkit.engine.ema import EMA
 from rlhfkit.engine.fsdp import shard_model
 from rlhfkit.engine.optim import build_scheduler, make_optimizer
 
 
 class TrainEngine:
-    """Owns model, optimizer and scheduler; exposes backward / step / lr."""
+    """Owns model, optimizer and scheduler (and with `ema_beta` the weights' moving average, `rlhfkit.engine.ema`);
+    exposes backward / step / lr."""
 
     def __init__(self, model: nn.Module, cfg: Any, dist_info: DistInfo, total_steps: int,
-                 learning_rate: float | None = None, role: str | None = None) -> None:
+                 learning_rate: float | None = None, role: str | None = None, ema_beta: float | None = None) -> None:
         """`role`: 'actor' or 'critic' in ppo, whose --<role>_* optimiser flags override the shared ones;
-        `learning_rate`: AdamW's peak lr (default --learning_rate)."""
+        `learning_rate`: AdamW's peak lr (default --learning_rate); `ema_beta`: keep the weights' moving average."""
         self.dist = dist_info
         self.cfg = cfg
         if cfg.gradient_checkpointing:
@@ -39,6 +41,8 @@ class TrainEngine:
         self.scheduler = build_scheduler(self.optimizer, total_steps=total_steps,
                                          warmup_ratio=self.settings.lr_warmup_ratio,
                                          schedule=self.settings.lr_scheduler, min_lr_ratio=self.settings.min_lr_ratio)
+        # ema_beta (ppo --enable_ema): the float32 moving average of the weights, updated after every step
+        self.ema = EMA(self.model, ema_beta) if ema_beta is not None else None
 
     @property
     def lr(self) -> float:
@@ -71,6 +75,8 @@ class TrainEngine:
             report["lr"] = self.lr
             report["grad_norm_after_clip"] = float(_full(torch.nn.utils.get_total_norm([p.grad for p in params])))
         self.optimizer.step()
+        if self.ema is not None:
+            self.ema.update()
         if before is not None:
             report.update(_update_size(before, [_local(p).detach() for p in self.model.parameters()]))
         self.scheduler.step()

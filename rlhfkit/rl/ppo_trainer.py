@@ -2,7 +2,7 @@
 
     set-up: Ray -> tokenizer, prompts -> model groups (actor, ref, critic, reward) -> rollout engines -> rewards
     each step: generate + score (+ dynamic filtering) -> log-probs, KL, advantages -> train critic/actor
-               -> sync weights to the engines -> log metrics and samples -> checkpoint -> eval
+               -> sync weights to the engines -> log metrics and samples -> eval (-> best model) -> checkpoint
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from rlhfkit.config.parse import config_to_dict
+from rlhfkit.engine.best import BestTracker, check_key, tracker_for
 from rlhfkit.errors import ConfigError
 from rlhfkit.observability.console import print_derived_table, progress_bar
 from rlhfkit.observability.metrics import MetricsLogger, is_extremum, merge_metrics
@@ -244,8 +246,32 @@ def _write_samples(s: RLSetup, step: int, rollout: Rollout, kind: str, limit: in
                                 "reward": float(rollout.rewards[i]), "label": prompt.get("label")}) + "\n")
 
 
+def eval_metric_keys(cfg: Any) -> list[str]:
+    """The metrics `evaluate` returns (known before the run: --best_metric_key is checked against them)."""
+    ks = sorted({1, cfg.eval_n_samples_per_prompt})
+    return ["eval/reward_mean", "eval/score_mean", *(f"eval/pass@{k}" for k in ks)]
+
+
+def best_tracker(cfg: Any) -> BestTracker | None:
+    """--best_metric_key: its tracker (default key eval/pass@1), refused before anything starts when it names no
+    metric of `evaluate` or there is no --eval_dataset."""
+    best = tracker_for(cfg, "eval/pass@1", bool(cfg.eval_dataset))
+    if best is not None:
+        check_key(best.key, eval_metric_keys(cfg))
+    return best
+
+
+def keep_best(s: RLSetup, step: int, eval_metrics: dict[str, float]) -> None:
+    """A new best evaluation: the actor's HF folder (the EMA with --enable_ema) replaces <ckpt_path>/best."""
+    if s.best is None or not s.best.improves(step, eval_metrics):
+        return
+    shutil.rmtree(s.best.staging, ignore_errors=True)
+    s.actor.call("save_hf", str(s.best.staging), s.cfg.pretrain)
+    s.best.commit()
+
+
 def train_ppo(cfg: Any, engines: list[Any] | None = None) -> dict[str, float]:
-    s = build_setup(cfg, engines)
+    s = build_setup(cfg, engines, best_tracker(cfg))
     try:
         return _loop(s)
     finally:
@@ -264,7 +290,9 @@ def _loop(s: RLSetup) -> dict[str, float]:
     last: dict[str, float] = {}
     faults = EngineFaults(s)  # a dead or hung engine is restarted (--max_engine_restarts), see rl/engine_faults.py
     if s.eval_prompts and s.start_step == 0:
-        metrics_log.log(0, faults.guard("evaluation", partial(evaluate, s, 0)))
+        evaluated = faults.guard("evaluation", partial(evaluate, s, 0))
+        metrics_log.log(0, evaluated)
+        keep_best(s, 0, evaluated)
     ahead = load_pending_rollout(cfg, s.start_step) if cfg.async_train and s.start_step else None
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout") if cfg.async_train else None
     for step in range(s.start_step + 1, s.total_steps + 1):
@@ -315,12 +343,14 @@ def _loop(s: RLSetup) -> dict[str, float]:
         metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
         metrics.update(stage_utilisation(s, exp, timer))
         metrics["time/step"] = time.perf_counter() - began
-        if cfg.save_steps > 0 and step % cfg.save_steps == 0:
+        if s.eval_prompts and ((cfg.eval_steps > 0 and step % cfg.eval_steps == 0) or step == s.total_steps):
+            evaluated = faults.guard("evaluation", partial(evaluate, s, step))
+            metrics.update(evaluated)
+            keep_best(s, step, evaluated)
+        if cfg.save_steps > 0 and step % cfg.save_steps == 0:  # after the evaluation: it holds the best so far
             s.save_checkpoint(step, stream.cursor)
             if ahead is not None:
                 save_pending_rollout(cfg, step, ahead)
-        if s.eval_prompts and ((cfg.eval_steps > 0 and step % cfg.eval_steps == 0) or step == s.total_steps):
-            metrics.update(faults.guard("evaluation", partial(evaluate, s, step)))
         metrics.update(faults.take_step_metrics())
         metrics_log.log(step, metrics)
         last = metrics

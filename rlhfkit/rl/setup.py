@@ -24,6 +24,7 @@ from rlhfkit.config.plan import RLPlan, resolve_plan
 from rlhfkit.config.validate import require
 from rlhfkit.data.prompts import build_prompt_samples
 from rlhfkit.data.readers import blend_datasets
+from rlhfkit.engine.ema import validate_ema
 from rlhfkit.engine.precision import apply_precision
 from rlhfkit.errors import ConfigError, RemoteCallError
 from rlhfkit.launch.preflight import preflight
@@ -72,6 +73,7 @@ class RLSetup:
     kl_ctl: Any = None                                        # KL coefficient: fixed, or adaptive (--kl_target)
     plan: RLPlan | None = None                                # the facts derived from the flags (config/plan.py)
     engine_factory: Any = None                                # (indices) -> new engines k (restarts; own engines)
+    best: Any = None                                          # --best_metric_key: rlhfkit.engine.best.BestTracker
 
     @property
     def groups(self) -> list[ModelGroup]:
@@ -97,6 +99,9 @@ class RLSetup:
         kl_ctl = getattr(self, "kl_ctl", None)
         if kl_ctl is not None:
             state["kl_ctl"] = kl_ctl.state_dict()
+        best = getattr(self, "best", None)
+        if best is not None:  # the best eval so far (this step's evaluation ran before the checkpoint)
+            state["best_metric"] = best.state()
         self.actor.call("save_checkpoint", f"{self.cfg.ckpt_path}/actor", step, state, self.cfg.max_ckpt_num)
         if self.critic is not None:
             self.critic.call("save_checkpoint", f"{self.cfg.ckpt_path}/critic", step, state, self.cfg.max_ckpt_num)
@@ -148,6 +153,7 @@ def validate_rl(cfg: Any) -> None:
                           "needs a 4D block mask, which only sdpa and eager honour; use one of them, or drop "
                           "--packing_samples")
     _validate_algorithm_flags(cfg)
+    validate_ema(cfg)
     if cfg.dynamic_filtering and cfg.n_samples_per_prompt < 2:
         raise ConfigError("--dynamic_filtering needs --n_samples_per_prompt >= 2")
     buffer = cfg.rollout_batch_size * cfg.n_samples_per_prompt
@@ -403,8 +409,9 @@ def load_ptx(cfg: Any, tokenizer: Any) -> PromptStream | None:
     return PromptStream(samples, cfg.seed + 1)
 
 
-def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
-    """Everything a run needs. `engines`: already-running rollout engines to reuse (tests, notebooks)."""
+def build_setup(cfg: Any, engines: list[Any] | None = None, best: Any = None) -> RLSetup:
+    """Everything a run needs. `engines`: already-running rollout engines to reuse (tests, notebooks); `best`: the
+    --best_metric_key tracker (restored on resume)."""
     validate_rl(cfg)
     set_remote_call_timeout(cfg.remote_call_timeout)  # every remote call's deadline (rlhfkit.rollout.remote)
     preflight(cfg, engines)  # model context, host devices and RAM, the user's .py files: before Ray starts
@@ -460,7 +467,7 @@ def build_setup(cfg: Any, engines: list[Any] | None = None) -> RLSetup:
     s = RLSetup(cfg, tokenizer, prompts, eval_prompts, actor, ref, critic, engines, reward_fn, stop_ids, total_steps,
                 owns_ray=owns_ray, owns_engines=owns_engines, rewards=reward_groups, ptx=ptx,
                 placement_groups=placement.owned, agent=agent, flops=flops, sync_check=sync_check)
-    s.plan = plan
+    s.plan, s.best = plan, best
     s.phases = Phases.from_config(cfg, engines, [actor, critic], has_gpus)
     if owns_engines:  # engines the run created can be restarted after a fault (--max_engine_restarts)
         s.engine_factory = partial(_engines, cfg, cfg.pretrain, placement)
@@ -532,6 +539,8 @@ def _resume(s: RLSetup) -> None:
         s.ptx.cursor = states[0].get("ptx_cursor", 0)
     if getattr(s, "kl_ctl", None) is not None and "kl_ctl" in states[0]:  # the adaptive coefficient goes on
         s.kl_ctl.load_state_dict(states[0]["kl_ctl"])
+    if getattr(s, "best", None) is not None:
+        s.best.load_state(states[0].get("best_metric"))
     notes = [f"actor {record_resume(s.cfg.run_dir, 'actor', states[0])}"]
     if s.critic is not None:
         notes.append(f"critic {record_resume(s.cfg.run_dir, 'critic', critic_states[0])}")

@@ -128,7 +128,9 @@ class ModelWorker:
 
                 model = apply_lora(model, self.cfg.lora_rank, self.cfg.lora_alpha, self.cfg.target_modules,
                                    self.cfg.lora_dropout)
-            self.engine = TrainEngine(model, self.cfg, self.dist, total_steps, learning_rate, role=self.role)
+            ema = self.role == "actor" and getattr(self.cfg, "enable_ema", False)  # --enable_ema: the actor's EMA
+            self.engine = TrainEngine(model, self.cfg, self.dist, total_steps, learning_rate, role=self.role,
+                                      ema_beta=(self.cfg.ema_beta or 0.992) if ema else None)
             self.model = self.engine.model
             self.has_dropout = has_active_dropout(model)
         else:
@@ -471,15 +473,22 @@ class ModelWorker:
 
     def save_checkpoint(self, path: str, step: int, trainer_state: dict[str, Any], max_keep: int) -> str:
         return str(save_checkpoint(path, step, self.model, self.engine.optimizer, self.engine.scheduler,
-                                   trainer_state, max_keep))
+                                   trainer_state, max_keep, extra_state=self._ema_state()))
 
     def load_checkpoint(self, path: str) -> dict[str, Any] | None:
-        return load_checkpoint(path, self.model, self.engine.optimizer, self.engine.scheduler, seed=self.cfg.seed)
+        return load_checkpoint(path, self.model, self.engine.optimizer, self.engine.scheduler, seed=self.cfg.seed,
+                               extra_state=self._ema_state())
+
+    def _ema_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
+        return {"ema": self.engine.ema.state_dict()} if self.engine.ema is not None else None
 
     def save_hf(self, out_dir: str, tokenizer_spec: str, extra_config: dict[str, Any] | None = None) -> None:
+        """The HF folder of this model; with --enable_ema (actor), of its EMA weights (what OpenRLHF saves)."""
         from rlhfkit.models.loading import load_tokenizer
 
-        save_hf_folder(self.model, load_tokenizer(tokenizer_spec), out_dir, extra_config)
+        ema = self.engine.ema if self.engine is not None else None
+        save_hf_folder(self.model, load_tokenizer(tokenizer_spec), out_dir, extra_config,
+                       weights=ema.full_state() if ema is not None else None)
 
 
 def _pad_to(values: torch.Tensor, width: int) -> torch.Tensor:

@@ -8,12 +8,13 @@ loss and the gradients do not depend on how the global batch is split into ranks
     loss_step = sum_{micro-batches, ranks} loss_sum / sum_{micro-batches, ranks} weight
 
 Read top to bottom: plan -> (resume) -> for each epoch, for each step: micro-batches -> backward ->
-optimizer step -> log -> checkpoint -> eval; then save the HF folder.
+optimizer step -> log -> eval (-> the best model, --best_metric_key) -> checkpoint; then save the HF folder.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,8 +24,9 @@ import torch
 from torch import nn
 
 from rlhfkit.config.validate import validate_batch_sizes
+from rlhfkit.engine.best import BestTracker, tracker_for
 from rlhfkit.engine.checkpoint import load_checkpoint, save_checkpoint, save_hf_folder
-from rlhfkit.engine.distributed import DistInfo, all_reduce_sum
+from rlhfkit.engine.distributed import DistInfo, all_reduce_sum, barrier
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.errors import ConfigError
 from rlhfkit.observability.console import print_derived_table, progress_bar
@@ -161,12 +163,15 @@ def train_offline(cfg: Any, dist_info: DistInfo, engine: TrainEngine, tokenizer:
             **{f"data: {k}": v for k, v in (data_stats or {}).items()},
             "run dir": cfg.run_dir})
     global_step, start_epoch, start_in_epoch = 0, 0, 0
+    best = tracker_for(cfg, "eval/loss", bool(eval_samples))  # --best_metric_key
     if cfg.load_checkpoint:
         state = load_checkpoint(cfg.ckpt_path, engine.model, engine.optimizer, engine.scheduler, seed=cfg.seed)
         if state is None:
             log.info("--load_checkpoint: no checkpoint in %s, starting fresh", cfg.ckpt_path)
         else:
             global_step, start_epoch, start_in_epoch = state["step"], state["epoch"], state["step_in_epoch"]
+            if best is not None:
+                best.load_state(state.get("best_metric"))
             note = record_resume(cfg.run_dir if dist_info.is_main else None, "model", state)
             log.info("resumed from step %d (epoch %d, step %d in epoch; %s)", global_step, start_epoch,
                      start_in_epoch, note)
@@ -177,6 +182,7 @@ def train_offline(cfg: Any, dist_info: DistInfo, engine: TrainEngine, tokenizer:
         before = {f"eval/{k}": v for k, v in evaluate(engine, method, eval_samples, dist_info,
                                                        cfg.micro_train_batch_size).items()}
         metrics_log.log(0, before)
+        keep_best(best, engine, tokenizer, 0, before, extra_config, dist_info)
         log.info("step 0 eval (before training): %s", {k: round(v, 4) for k, v in before.items()})
     engine.train()
     for epoch in range(start_epoch, cfg.max_epochs):
@@ -199,23 +205,38 @@ def train_offline(cfg: Any, dist_info: DistInfo, engine: TrainEngine, tokenizer:
                             tok_s=f"{metrics['tokens_per_s']:.0f}")
             bar.update(1)
             done_epoch = step_in_epoch + 1 == plan.steps_per_epoch
-            if cfg.save_steps > 0 and global_step % cfg.save_steps == 0:
-                next_pos = (epoch + 1, 0) if done_epoch else (epoch, step_in_epoch + 1)
-                save_checkpoint(cfg.ckpt_path, global_step, engine.model, engine.optimizer, engine.scheduler,
-                                {"epoch": next_pos[0], "step_in_epoch": next_pos[1]}, cfg.max_ckpt_num)
-                if cfg.save_hf_ckpt:
-                    save_hf_folder(engine.model, tokenizer, f"{cfg.ckpt_path}/global_step{global_step}/hf",
-                                   extra_config)
             if eval_samples and ((cfg.eval_steps > 0 and global_step % cfg.eval_steps == 0)
                                  or (cfg.eval_steps <= 0 and done_epoch)):
                 evaluated = evaluate(engine, method, eval_samples, dist_info, cfg.micro_train_batch_size)
                 eval_metrics = {f"eval/{k}": v for k, v in evaluated.items()}
                 metrics_log.log(global_step, eval_metrics)
+                keep_best(best, engine, tokenizer, global_step, eval_metrics, extra_config, dist_info)
                 last.update(eval_metrics)
                 log.info("step %d eval: %s", global_step, {k: round(v, 4) for k, v in eval_metrics.items()})
+            if cfg.save_steps > 0 and global_step % cfg.save_steps == 0:  # after the eval: it holds the best
+                next_pos = (epoch + 1, 0) if done_epoch else (epoch, step_in_epoch + 1)
+                save_checkpoint(cfg.ckpt_path, global_step, engine.model, engine.optimizer, engine.scheduler,
+                                {"epoch": next_pos[0], "step_in_epoch": next_pos[1],
+                                 **({"best_metric": best.state()} if best is not None else {})}, cfg.max_ckpt_num)
+                if cfg.save_hf_ckpt:
+                    save_hf_folder(engine.model, tokenizer, f"{cfg.ckpt_path}/global_step{global_step}/hf",
+                                   extra_config)
     bar.close()
     save_hf_folder(engine.model, tokenizer, cfg.save_path, extra_config)
     if dist_info.is_main:
         log.info("saved HF model to %s", cfg.save_path)
     metrics_log.close()
     return last
+
+
+def keep_best(best: BestTracker | None, engine: TrainEngine, tokenizer: Any, step: int, eval_metrics: dict[str, float],
+              extra_config: dict[str, Any] | None, dist_info: DistInfo) -> None:
+    """--best_metric_key: a new best evaluation replaces <ckpt_path>/best with this model (collective)."""
+    if best is None or not best.improves(step, eval_metrics):
+        return
+    if dist_info.is_main:
+        shutil.rmtree(best.staging, ignore_errors=True)
+    barrier()
+    save_hf_folder(engine.model, tokenizer, best.staging, extra_config)
+    if dist_info.is_main:
+        best.commit()

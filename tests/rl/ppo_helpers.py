@@ -55,3 +55,14 @@ def assert_same_step(a: list[dict], b: list[dict], a_out: Path, b_out: Path, ini
     assert float(step.mean()) > 0.01  # the step moved the weights, so agreeing is not trivial
     assert float(diff.max()) < 1e-2 * float(step.max()), float(diff.max())
     assert float(diff.mean()) < 1e-5 * float(step.mean()), float(diff.mean())
+
+
+def checkpoint_tensors(folder: Path, target: Path) -> dict:
+    """The tensors of one DCP folder of a checkpoint (`.../global_stepN/model` or `.../ema`), unsharded, via the file
+    `target`: the model folder's weights under their HF names (its 'model' entry), the EMA folder's by name."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(folder), str(target))
+    loaded = torch.load(target, weights_only=False)
+    return loaded["model"] if folder.name == "model" else loaded

@@ -109,26 +109,86 @@ def test_each_driver_path_runs_a_full_step(estimator, tiny_model_dir, echo_promp
 
 
 def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
+    """4 steps with a checkpoint at every step; the step-2 checkpoint resumed gives steps 3-4 again. The run keeps
+    the actor's EMA (--enable_ema --ema_beta 0.5) and the best model by eval/reward_mean (--best_metric_key, an
+    evaluation at every step): see _check_ema and _check_best."""
     keys = ("rollout/reward_mean", "train/grad_norm", "train/entropy")
-    full = run(tiny_model_dir, echo_prompt_file, tmp_path / "full", rollout_vllm_engine, max_samples=16, save_steps=2,
-               max_ckpt_num=5)
-    assert len(full) == 4
+    flags = {"max_samples": 16, "save_steps": 1, "max_ckpt_num": 5, "enable_ema": True, "ema_beta": 0.5,
+             "eval_dataset": echo_prompt_file, "eval_steps": 1, "best_metric_key": "eval/reward_mean"}
+    full = run(tiny_model_dir, echo_prompt_file, tmp_path / "full", rollout_vllm_engine, **flags)
+    assert [r["step"] for r in full] == [0, 1, 2, 3, 4]  # step 0: the evaluation before training
     resumed_dir = tmp_path / "resumed"
     (resumed_dir / "ckpt" / "actor").mkdir(parents=True)
     shutil.copytree(tmp_path / "full" / "ckpt" / "actor" / "global_step2",
                     resumed_dir / "ckpt" / "actor" / "global_step2")
-    resumed = run(tiny_model_dir, echo_prompt_file, resumed_dir, rollout_vllm_engine, max_samples=16, save_steps=2,
-                  load_checkpoint=True)
+    resumed = run(tiny_model_dir, echo_prompt_file, resumed_dir, rollout_vllm_engine, **flags, load_checkpoint=True)
     assert [r["step"] for r in resumed] == [3, 4]
-    for before, after in zip(full[2:], resumed):
-        for key in keys:
+    for before, after in zip(full[3:], resumed):
+        for key in (*keys, "eval/reward_mean"):
             assert after[key] == pytest.approx(before[key], abs=1e-6), key
+    _check_ema(tiny_model_dir, tmp_path / "full", resumed_dir, tmp_path / "dcp.pt")
+    _check_best(full, tiny_model_dir, tmp_path / "full", resumed_dir, tmp_path / "dcp.pt")
+
+
+def _check_ema(initial: str, full: Path, resumed: Path, scratch: Path) -> None:
+    """The final HF model is the EMA, not the actor: ema_4 = beta^4 theta_0 + (1 - beta) sum_t beta^(4-t) theta_t
+    in float64 from the actor weights of the per-step checkpoints; the checkpoint holds the same EMA, and the run
+    resumed from step 2 ends on the same EMA as the uninterrupted one."""
+    import torch
+    from ppo_helpers import checkpoint_tensors
+    from safetensors.torch import load_file
+
+    beta, ckpt = 0.5, full / "ckpt" / "actor"
+    final = load_file(str(full / "hf" / "model.safetensors"))
+    theta = [load_file(str(Path(initial) / "model.safetensors"))]
+    theta += [checkpoint_tensors(ckpt / f"global_step{t}" / "model", scratch) for t in range(1, 5)]
+    ema_ckpt = checkpoint_tensors(ckpt / "global_step4" / "ema", scratch)
+    resumed_final = load_file(str(resumed / "hf" / "model.safetensors"))
+    moved = 0.0
+    for name, saved in final.items():
+        expected = beta ** 4 * theta[0][name].double() + sum(
+            (1 - beta) * beta ** (4 - t) * theta[t][name].double() for t in range(1, 5))
+        torch.testing.assert_close(saved.double(), expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(saved, ema_ckpt[name].to(saved.dtype), rtol=0, atol=0)
+        torch.testing.assert_close(resumed_final[name], saved, rtol=1e-5, atol=1e-6)
+        moved = max(moved, float((saved.double() - theta[4][name].double()).abs().max()))
+    assert moved > 1e-3, moved  # the saved model is not the actor
+
+
+def _check_best(rows: list[dict], initial: str, full: Path, resumed: Path, scratch: Path) -> None:
+    """<ckpt_path>/best holds the model (the EMA) of the first evaluation with the highest eval/reward_mean, its
+    best_metric.json that step and value; the resumed run's checkpoints carry the same best so far."""
+    import json
+
+    import torch
+    from ppo_helpers import checkpoint_tensors
+    from safetensors.torch import load_file
+
+    values = {r["step"]: r["eval/reward_mean"] for r in rows}
+    print("\neval/reward_mean by step", {k: round(v, 4) for k, v in values.items()})
+    top = max(values.values())
+    step = min(s for s, v in values.items() if v == top)
+    record = json.loads((full / "ckpt" / "best" / "best_metric.json").read_text())
+    assert record == {"key": "eval/reward_mean", "value": top, "step": step, "higher_is_better": True}
+    best = load_file(str(full / "ckpt" / "best" / "model.safetensors"))
+    if step == 0:
+        expected = load_file(str(Path(initial) / "model.safetensors"))
+    else:
+        expected = checkpoint_tensors(full / "ckpt" / "actor" / f"global_step{step}" / "ema", scratch)
+    for name, value in best.items():
+        torch.testing.assert_close(value, expected[name].to(value.dtype), rtol=0, atol=0)
+    state = [json.loads((d / "ckpt" / "actor" / "global_step4" / "trainer_state.json").read_text())["best_metric"]
+             for d in (full, resumed)]
+    assert state[0] == state[1] == record
 
 
 def test_two_trainer_ranks_match_one(tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
-    one = run(tiny_model_dir, echo_prompt_file, tmp_path / "one", rollout_vllm_engine, max_samples=4)
+    """One step on 1 and on 2 actor ranks gives the same update. Both keep the EMA (--enable_ema, beta 0.25): the
+    saved models are beta theta_0 + (1 - beta) theta_1, the 2-rank one averaged shard by shard and gathered at save."""
+    ema = {"enable_ema": True, "ema_beta": 0.25}
+    one = run(tiny_model_dir, echo_prompt_file, tmp_path / "one", rollout_vllm_engine, max_samples=4, **ema)
     two = run(tiny_model_dir, echo_prompt_file, tmp_path / "two", rollout_vllm_engine, max_samples=4,
-              actor_num_gpus_per_node=2, micro_train_batch_size=8)
+              actor_num_gpus_per_node=2, micro_train_batch_size=8, **ema)
     assert one[0]["rollout/reward_mean"] == pytest.approx(two[0]["rollout/reward_mean"], abs=1e-7)
     assert_same_step(one, two, tmp_path / "one", tmp_path / "two", tiny_model_dir)
 
