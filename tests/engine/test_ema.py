@@ -19,7 +19,8 @@ from rlhfkit.rl.setup import validate_rl
 
 CFG = SimpleNamespace(gradient_checkpointing=False, zero_stage=2, param_dtype="fp32", adam_offload=False,
                       aux_loss_coef=0.0, learning_rate=0.05, adam_betas=[0.9, 0.95], l2=0.0, lr_warmup_ratio=0.0,
-                      lr_scheduler="constant", min_lr_ratio=0.0, max_norm=1.0)
+                      lr_scheduler="constant", min_lr_ratio=0.0, max_norm=1.0, optim="adam", adam_eps=1e-8,
+                      muon_lr=0.02, muon_momentum=0.95, muon_ns_steps=5, muon_nesterov=True)
 DIST = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
 
 
