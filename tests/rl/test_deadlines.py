@@ -131,3 +131,49 @@ def test_hung_then_dead_trainer_rank_is_named(ray_cluster, short_deadline):
     finally:
         group.shutdown()
         remove_placement_group(pg)
+
+
+class _Whereabouts:
+    """Injects a fault into the start-up's placement record: `whereabouts` answers, or hangs (sleeps)."""
+
+    def __init__(self, hang: bool) -> None:
+        self.hang = hang
+
+    def whereabouts(self) -> dict:
+        if self.hang:
+            time.sleep(3600)
+        return {"pid": os.getpid()}
+
+
+def test_hung_rank_or_engine_in_collect_whereabouts_is_named(ray_cluster, short_deadline):
+    """The driver asks every rank and engine where it runs at start-up (manifest.json `placement`): a hung actor
+    there hits the deadline and is named, as in any other call of the run."""
+    from types import SimpleNamespace
+
+    from rlhfkit.observability.placement import collect_whereabouts
+
+    cls = ray_cluster.remote(_Whereabouts).options(num_cpus=0)
+    fine, hung, engine_fine, engine_hung = cls.remote(False), cls.remote(True), cls.remote(False), cls.remote(True)
+    try:
+        ray_cluster.get([fine.whereabouts.remote(), engine_fine.whereabouts.remote()])  # started
+        short_deadline()
+        group = SimpleNamespace(role="actor", workers=[fine, hung])
+        err, took = _timed(collect_whereabouts, [group], [engine_fine])
+        assert isinstance(err, RemoteCallTimeout) and (err.role, err.ranks, err.method) == \
+            ("actor", [1], "whereabouts")
+        _named(err, "whereabouts on actor rank 1")
+        assert DEADLINE_S <= took < DEADLINE_S + SLACK_S
+        err, took = _timed(collect_whereabouts, [SimpleNamespace(role="actor", workers=[fine])],
+                           [engine_fine, engine_hung])
+        assert isinstance(err, RemoteCallTimeout) and err.ranks == [1]
+        _named(err, "whereabouts on engine 1")
+        assert DEADLINE_S <= took < DEADLINE_S + SLACK_S
+        ray_cluster.kill(hung)  # dead: named at once
+        err, took = _timed(collect_whereabouts, [group], [])
+        assert isinstance(err, RemoteActorDied) and took < SLACK_S
+        _named(err, "whereabouts on actor rank 1")
+        placed = collect_whereabouts([SimpleNamespace(role="actor", workers=[fine])], [engine_fine])
+        assert [sorted(p) for p in placed] == [["pid"], ["engine", "pid"]] and placed[1]["engine"] == 0
+    finally:
+        for handle in (fine, hung, engine_fine, engine_hung):
+            ray_cluster.kill(handle)
