@@ -177,3 +177,44 @@ def test_hung_rank_or_engine_in_collect_whereabouts_is_named(ray_cluster, short_
     finally:
         for handle in (fine, hung, engine_fine, engine_hung):
             ray_cluster.kill(handle)
+
+
+class _Peer:
+    """One rank of a collective: `step` raises what a collective raises when its peer is gone (after `after` s),
+    or exits (the peer dying, reported by Ray only later), or raises an ordinary error of its own code."""
+
+    def ready(self) -> bool:
+        return True
+
+    def step(self, what: str, after: float) -> int:
+        time.sleep(after)
+        if what == "die":
+            os._exit(1)
+        if what == "peer lost":
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.8]:38575")
+        raise ValueError("a bug in rank 0's own code")
+
+
+def test_survivor_losing_its_peer_first_names_the_dead_peer(ray_cluster):
+    """A lost node's rank is reported dead by Ray after its peer's collective already failed ('Connection closed
+    by peer'): the error names the dead rank (RemoteActorDied), with the survivor's error as the cause. An ordinary
+    error of a rank's own code passes through as it is, without waiting for the others."""
+    from rlhfkit.rl.group import Pending
+
+    peer = ray_cluster.remote(_Peer).options(num_cpus=0)
+    survivor, dying, buggy, waiting = (peer.remote() for _ in range(4))
+    ray_cluster.get([h.ready.remote() for h in (survivor, dying, buggy, waiting)])  # all started
+    pending = Pending([survivor.step.remote("peer lost", 0.0), dying.step.remote("die", 1.0)], list,
+                      ("actor", "train_policy_step", [survivor, dying]))
+    err, took = _timed(pending.get)
+    assert isinstance(err, RemoteActorDied) and (err.role, err.ranks) == ("actor", [1])
+    _named(err, "train_policy_step on actor rank 1")
+    assert "actor rank 0 on node" in str(err) and "Connection closed by peer" in str(err)
+    assert "Connection closed by peer" in str(err.__cause__) and 1.0 <= took < 30.0
+    began = time.monotonic()
+    with pytest.raises(ValueError, match="own code"):
+        Pending([buggy.step.remote("bug", 0.0), waiting.step.remote("bug", 30.0)], list,
+                ("actor", "train_policy_step", [buggy, waiting])).get()
+    assert time.monotonic() - began < 10.0  # not held back by the rank still in its step (30 s)
+    for handle in (survivor, buggy, waiting):
+        ray_cluster.kill(handle)
