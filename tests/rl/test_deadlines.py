@@ -32,6 +32,19 @@ def _named(err, text: str) -> None:
     assert re.search(re.escape(text) + r" on node \d+\.\d+\.\d+\.\d+ \([0-9a-f]{12}\)", str(err)), str(err)
 
 
+def _kill(ray, handle) -> None:
+    """`ray.kill`, then wait until Ray's actor table says DEAD: the kill travels through the GCS while a call goes
+    straight to the actor, so on a loaded machine a call sent right after the kill could still be answered."""
+    from ray._private import state
+
+    ray.kill(handle)
+    for _ in range(300):
+        if state.actors(handle._actor_id.hex()).get("State") == "DEAD":
+            return
+        time.sleep(0.1)
+    raise AssertionError("the killed actor was not reported dead within 30 s")
+
+
 def _timed(fn, *args, **kwargs):
     began = time.monotonic()
     with pytest.raises((RemoteCallTimeout, RemoteActorDied)) as info:
@@ -62,7 +75,7 @@ def test_hung_then_dead_engine_is_named_within_the_deadline(ray_cluster, tiny_mo
         assert isinstance(err, RemoteCallTimeout) and "ping on engine 0" in str(err) and took < 1.0 + SLACK_S
     finally:
         os.kill(pid, signal.SIGCONT)
-    ray_cluster.kill(engine)  # dead: named at once, not at the deadline
+    _kill(ray_cluster, engine)  # dead: named at once, not at the deadline
     err, took = _timed(remote.ping_engines, [engine])
     assert isinstance(err, RemoteActorDied)
     _named(err, "ping on engine 0")
@@ -124,7 +137,7 @@ def test_hung_then_dead_trainer_rank_is_named(ray_cluster, short_deadline):
             assert DEADLINE_S <= took < DEADLINE_S + SLACK_S
         finally:
             os.kill(pid, signal.SIGCONT)
-        ray_cluster.kill(group.workers[0])
+        _kill(ray_cluster, group.workers[0])
         err, took = _timed(group.call, "compute_threads")
         assert isinstance(err, RemoteActorDied) and err.ranks == [0] and took < SLACK_S
         _named(err, "compute_threads on critic rank 0")
@@ -168,7 +181,7 @@ def test_hung_rank_or_engine_in_collect_whereabouts_is_named(ray_cluster, short_
         assert isinstance(err, RemoteCallTimeout) and err.ranks == [1]
         _named(err, "whereabouts on engine 1")
         assert DEADLINE_S <= took < DEADLINE_S + SLACK_S
-        ray_cluster.kill(hung)  # dead: named at once
+        _kill(ray_cluster, hung)  # dead: named at once
         err, took = _timed(collect_whereabouts, [group], [])
         assert isinstance(err, RemoteActorDied) and took < SLACK_S
         _named(err, "whereabouts on actor rank 1")
