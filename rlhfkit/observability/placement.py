@@ -26,11 +26,13 @@ def whereabouts(**facts: Any) -> dict[str, Any]:
 
 
 def collect_whereabouts(groups: list[Any], engines: list[Any]) -> list[dict[str, Any]]:
-    """Every rank of every model group, then every engine (`engine` = its index in the run's list)."""
-    import ray
+    """Every rank of every model group, then every engine (`engine` = its index in the run's list). Each call has
+    the run's deadline (--remote_call_timeout): a hung or dead rank or engine raises `RemoteCallTimeout` /
+    `RemoteActorDied` naming it (role, rank, node, `whereabouts`), as every other call of the run does."""
+    from rlhfkit.rollout.remote import call_all
 
-    ranks = ray.get([worker.whereabouts.remote() for group in groups for worker in group.workers])
-    found = ray.get([engine.whereabouts.remote() for engine in engines])
+    ranks = [entry for group in groups for entry in call_all(group.workers, "whereabouts", role=group.role)]
+    found = call_all(engines, "whereabouts", role="engine") if engines else []
     return ranks + [{**entry, "engine": k} for k, entry in enumerate(found)]
 
 

@@ -19,6 +19,10 @@ from typing import Any
 from rlhfkit.errors import RemoteActorDied, RemoteCallError, RemoteCallTimeout
 
 DEFAULT_REMOTE_CALL_TIMEOUT_S = 1800.0
+# An error a collective raises when one of its peers is gone (gloo, NCCL, the store): the peer is the culprit
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "DistBackendError",
+             "NCCL communicator was aborted", "ncclRemoteError", "Socket Timeout")
+PEER_GRACE_S = 60.0  # how long to wait for Ray to report that peer dead (a lost node: its health checks)
 HEALTH_CHECK_TIMEOUT_S = 30.0
 _timeout_s = DEFAULT_REMOTE_CALL_TIMEOUT_S
 
@@ -84,13 +88,49 @@ def wait_remote(refs: Sequence[Any], *, role: str, method: str, handles: Sequenc
             try:
                 ray.get(ref)
             except (ActorDiedError, ActorUnavailableError, RayActorError) as err:
-                i, waited = index[ref], time.monotonic() - began
-                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise RemoteActorDied(
-                    f"{method} on {_who(role, [ranks[i]], [handles[i]])}: the actor died after {waited:.1f} s "
-                    f"({type(err).__name__}: {first[:300]})", role=role, ranks=[ranks[i]], method=method,
-                    waited_s=waited) from err
+                raise _died(err, index[ref], role, method, handles, ranks, began) from err
+            except Exception as err:
+                if any(text in str(err) for text in PEER_LOST):  # a collective lost a peer: name the peer
+                    _raise_dead_peer(err, refs, index[ref], role, method, handles, ranks, began, deadline_s)
+                raise
     return ray.get(refs)
+
+
+def _died(err: BaseException, i: int, role: str, method: str, handles: Sequence[Any], ranks: Sequence[int],
+          began: float) -> RemoteActorDied:
+    waited = time.monotonic() - began
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return RemoteActorDied(f"{method} on {_who(role, [ranks[i]], [handles[i]])}: the actor died after {waited:.1f} s "
+                           f"({type(err).__name__}: {first[:300]})", role=role, ranks=[ranks[i]], method=method,
+                           waited_s=waited)
+
+
+def _raise_dead_peer(err: BaseException, refs: list[Any], failed: int, role: str, method: str,
+                     handles: Sequence[Any], ranks: Sequence[int], began: float, deadline_s: float) -> None:
+    """Callee `failed` raised because a collective lost a peer: a peer killed or lost with its node is often
+    reported dead by Ray only after the survivor's error arrives. Wait (up to PEER_GRACE_S, within the deadline)
+    for another callee of this call to be found dead and raise `RemoteActorDied` naming it, with the survivor's
+    error as the cause; return if none is (the caller re-raises the survivor's error)."""
+    import ray
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+    others = [i for i in range(len(refs)) if i != failed]
+    grace_end = time.monotonic() + min(PEER_GRACE_S, max(0.0, deadline_s - (time.monotonic() - began)))
+    pending = [refs[i] for i in others]
+    while pending and time.monotonic() < grace_end:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, grace_end - time.monotonic()))
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except (ActorDiedError, ActorUnavailableError, RayActorError) as died:
+                i = refs.index(ref)
+                culprit = _died(died, i, role, method, handles, ranks, began)
+                survivor = str(err).strip().splitlines()[-1][:200]
+                raise RemoteActorDied(f"{culprit} [{_who(role, [ranks[failed]], [handles[failed]])} lost it as a "
+                                      f"peer first: {survivor}]", role=role, ranks=[ranks[i]], method=method,
+                                      waited_s=culprit.waited_s) from err
+            except Exception:  # noqa: BLE001 - another survivor's error: keep looking for the dead one
+                pass
 
 
 def call_all(handles: Sequence[Any], method: str, *args: Any, role: str, ranks: Sequence[int] | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -144,3 +145,47 @@ def test_ray_job_submit_runs_ppo_on_the_cluster(three_node_cluster, tiny_model_d
     manifest = json.loads((out / "run" / "manifest.json").read_text())
     assert {e["node_id"] for e in manifest["placement"]} <= set(cluster.node_ids.values())
     assert (out / "hf" / "config.json").is_file()
+
+
+def test_lost_node_ends_the_run_with_the_error_naming_it(three_node_cluster, tiny_model_dir, tmp_path):
+    """Whole-node loss: after step 1, the raylet of a worker node that holds an actor rank is killed (SIGKILL: the
+    node's workers go with it, Ray marks the node and its actors dead). The run stops with the error naming the
+    rank, the node and the method, long before --remote_call_timeout (120 s here), and exits non-zero.
+    Runs last in this module: the cluster has one node less afterwards."""
+    from local_cluster import node_raylet_pid
+
+    cluster = three_node_cluster
+    from rlhfkit.data.synthetic import echo_rows, write_jsonl
+
+    prompts = write_jsonl(echo_rows(12, seed=3), tmp_path / "prompts.jsonl")
+    argv = ppo_flags(tiny_model_dir, str(prompts), tmp_path, ray_address=cluster.gcs_address, actor_num_nodes=2,
+                     actor_num_gpus_per_node=1, rollout_backend="hf", init_kl_coef=0, max_samples=12,
+                     remote_call_timeout=120)
+    proc, _ = start_ppo(argv, cluster.env)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    try:
+        deadline = time.time() + 600
+        while not (metrics.exists() and metrics.read_text().strip()) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
+        placement = json.loads((tmp_path / "run" / "manifest.json").read_text())["placement"]
+        names = {node: name for name, node in cluster.node_ids.items()}
+        [(rank, node)] = [(e["rank"], e["node_id"]) for e in placement if e.get("role") == "actor"
+                          and names[e["node_id"]] != "rk_head"][:1]
+        lost = names[node]
+        os.kill(node_raylet_pid(cluster, lost), 9)
+        killed_at = time.perf_counter()
+        code = proc.wait(timeout=300)
+        took = time.perf_counter() - killed_at
+    finally:
+        proc.kill()
+    stderr = (tmp_path / "stderr.txt").read_text()
+    engines_there = [e["engine"] for e in placement if "engine" in e and e["node_id"] == node]
+    print(f"\n[cluster] node {lost} lost after step 1 (actor rank {rank}, engines {engines_there} on it): run exited "
+          f"{code} after {took:.1f} s; {[line for line in stderr.splitlines() if 'Remote' in line][-1:]}")
+    assert code != 0
+    assert re.search(rf"RemoteActorDied: \w+ on actor rank {rank} on node [\d.]+ \({node[:12]}\)", stderr), \
+        stderr[-3000:]
+    assert took < 120  # named when Ray reports the node dead, not at the deadline
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert rows[-1]["step"] < 3  # it stopped: no step ran past the loss

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -146,3 +147,20 @@ def stop_cluster(cluster: LocalCluster) -> None:
         while pids and cluster_pids(cluster.temp_dir) and time.time() < deadline:
             time.sleep(0.2)
     shutil.rmtree(cluster.temp_dir, ignore_errors=True)
+
+
+def node_raylet_pid(cluster: LocalCluster, name: str) -> int:
+    """The raylet of node `name` (rk_w1 / rk_w2: started with `--temp-dir <temp_dir>/<name>`): killing it is the
+    node lost (its workers exit with it, Ray marks the node and its actors dead)."""
+    found = []
+    for pid in cluster_pids(cluster.temp_dir):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if cmd.split(" ")[0].endswith("raylet") and re.search(re.escape(f"{cluster.temp_dir}/{name}") + r"(/|\s)",
+                                                               cmd + " "):
+            found.append(pid)
+    if len(found) != 1:
+        raise RuntimeError(f"expected one raylet of node {name} under {cluster.temp_dir}, found {found}")
+    return found[0]

@@ -32,6 +32,19 @@ def _named(err, text: str) -> None:
     assert re.search(re.escape(text) + r" on node \d+\.\d+\.\d+\.\d+ \([0-9a-f]{12}\)", str(err)), str(err)
 
 
+def _kill(ray, handle) -> None:
+    """`ray.kill`, then wait until Ray's actor table says DEAD: the kill travels through the GCS while a call goes
+    straight to the actor, so on a loaded machine a call sent right after the kill could still be answered."""
+    from ray._private import state
+
+    ray.kill(handle)
+    for _ in range(300):
+        if state.actors(handle._actor_id.hex()).get("State") == "DEAD":
+            return
+        time.sleep(0.1)
+    raise AssertionError("the killed actor was not reported dead within 30 s")
+
+
 def _timed(fn, *args, **kwargs):
     began = time.monotonic()
     with pytest.raises((RemoteCallTimeout, RemoteActorDied)) as info:
@@ -62,7 +75,7 @@ def test_hung_then_dead_engine_is_named_within_the_deadline(ray_cluster, tiny_mo
         assert isinstance(err, RemoteCallTimeout) and "ping on engine 0" in str(err) and took < 1.0 + SLACK_S
     finally:
         os.kill(pid, signal.SIGCONT)
-    ray_cluster.kill(engine)  # dead: named at once, not at the deadline
+    _kill(ray_cluster, engine)  # dead: named at once, not at the deadline
     err, took = _timed(remote.ping_engines, [engine])
     assert isinstance(err, RemoteActorDied)
     _named(err, "ping on engine 0")
@@ -124,10 +137,97 @@ def test_hung_then_dead_trainer_rank_is_named(ray_cluster, short_deadline):
             assert DEADLINE_S <= took < DEADLINE_S + SLACK_S
         finally:
             os.kill(pid, signal.SIGCONT)
-        ray_cluster.kill(group.workers[0])
+        _kill(ray_cluster, group.workers[0])
         err, took = _timed(group.call, "compute_threads")
         assert isinstance(err, RemoteActorDied) and err.ranks == [0] and took < SLACK_S
         _named(err, "compute_threads on critic rank 0")
     finally:
         group.shutdown()
         remove_placement_group(pg)
+
+
+class _Whereabouts:
+    """Injects a fault into the start-up's placement record: `whereabouts` answers, or hangs (sleeps)."""
+
+    def __init__(self, hang: bool) -> None:
+        self.hang = hang
+
+    def whereabouts(self) -> dict:
+        if self.hang:
+            time.sleep(3600)
+        return {"pid": os.getpid()}
+
+
+def test_hung_rank_or_engine_in_collect_whereabouts_is_named(ray_cluster, short_deadline):
+    """The driver asks every rank and engine where it runs at start-up (manifest.json `placement`): a hung actor
+    there hits the deadline and is named, as in any other call of the run."""
+    from types import SimpleNamespace
+
+    from rlhfkit.observability.placement import collect_whereabouts
+
+    cls = ray_cluster.remote(_Whereabouts).options(num_cpus=0)
+    fine, hung, engine_fine, engine_hung = cls.remote(False), cls.remote(True), cls.remote(False), cls.remote(True)
+    try:
+        ray_cluster.get([fine.whereabouts.remote(), engine_fine.whereabouts.remote()])  # started
+        short_deadline()
+        group = SimpleNamespace(role="actor", workers=[fine, hung])
+        err, took = _timed(collect_whereabouts, [group], [engine_fine])
+        assert isinstance(err, RemoteCallTimeout) and (err.role, err.ranks, err.method) == \
+            ("actor", [1], "whereabouts")
+        _named(err, "whereabouts on actor rank 1")
+        assert DEADLINE_S <= took < DEADLINE_S + SLACK_S
+        err, took = _timed(collect_whereabouts, [SimpleNamespace(role="actor", workers=[fine])],
+                           [engine_fine, engine_hung])
+        assert isinstance(err, RemoteCallTimeout) and err.ranks == [1]
+        _named(err, "whereabouts on engine 1")
+        assert DEADLINE_S <= took < DEADLINE_S + SLACK_S
+        _kill(ray_cluster, hung)  # dead: named at once
+        err, took = _timed(collect_whereabouts, [group], [])
+        assert isinstance(err, RemoteActorDied) and took < SLACK_S
+        _named(err, "whereabouts on actor rank 1")
+        placed = collect_whereabouts([SimpleNamespace(role="actor", workers=[fine])], [engine_fine])
+        assert [sorted(p) for p in placed] == [["pid"], ["engine", "pid"]] and placed[1]["engine"] == 0
+    finally:
+        for handle in (fine, hung, engine_fine, engine_hung):
+            ray_cluster.kill(handle)
+
+
+class _Peer:
+    """One rank of a collective: `step` raises what a collective raises when its peer is gone (after `after` s),
+    or exits (the peer dying, reported by Ray only later), or raises an ordinary error of its own code."""
+
+    def ready(self) -> bool:
+        return True
+
+    def step(self, what: str, after: float) -> int:
+        time.sleep(after)
+        if what == "die":
+            os._exit(1)
+        if what == "peer lost":
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.8]:38575")
+        raise ValueError("a bug in rank 0's own code")
+
+
+def test_survivor_losing_its_peer_first_names_the_dead_peer(ray_cluster):
+    """A lost node's rank is reported dead by Ray after its peer's collective already failed ('Connection closed
+    by peer'): the error names the dead rank (RemoteActorDied), with the survivor's error as the cause. An ordinary
+    error of a rank's own code passes through as it is, without waiting for the others."""
+    from rlhfkit.rl.group import Pending
+
+    peer = ray_cluster.remote(_Peer).options(num_cpus=0)
+    survivor, dying, buggy, waiting = (peer.remote() for _ in range(4))
+    ray_cluster.get([h.ready.remote() for h in (survivor, dying, buggy, waiting)])  # all started
+    pending = Pending([survivor.step.remote("peer lost", 0.0), dying.step.remote("die", 1.0)], list,
+                      ("actor", "train_policy_step", [survivor, dying]))
+    err, took = _timed(pending.get)
+    assert isinstance(err, RemoteActorDied) and (err.role, err.ranks) == ("actor", [1])
+    _named(err, "train_policy_step on actor rank 1")
+    assert "actor rank 0 on node" in str(err) and "Connection closed by peer" in str(err)
+    assert "Connection closed by peer" in str(err.__cause__) and 1.0 <= took < 30.0
+    began = time.monotonic()
+    with pytest.raises(ValueError, match="own code"):
+        Pending([buggy.step.remote("bug", 0.0), waiting.step.remote("bug", 30.0)], list,
+                ("actor", "train_policy_step", [buggy, waiting])).get()
+    assert time.monotonic() - began < 10.0  # not held back by the rank still in its step (30 s)
+    for handle in (survivor, buggy, waiting):
+        ray_cluster.kill(handle)
