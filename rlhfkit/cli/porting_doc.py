@@ -8,6 +8,7 @@ The OpenRLHF flag lists are tests/fixtures/openrlhf_flags.json (written by tools
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 from collections.abc import Callable
@@ -40,6 +41,7 @@ def openrlhf_flags() -> dict[str, dict[str, dict[str, str]]]:
     return json.loads(FLAGS_FILE.read_text(encoding="utf-8"))
 
 
+@functools.cache
 def command_parser(command: str) -> tuple[argparse.ArgumentParser, Callable[[str], str | None]]:
     """The parser behind `rlhfkit command --help` and the command's refusal reasons."""
     module = importlib.import_module(f"rlhfkit.cli.{command.replace('-', '_')}")
@@ -70,8 +72,9 @@ def classify(cli: str, flag: str) -> tuple[str, str]:
         value = "given" if meaning.only.value is True else f"`{meaning.only.value}`"
         return "refused", f"accepted only {value}: {meaning.only.reason}"
     if meaning.budget:
-        return "mapped", ("`--prompt_max_len` = this − `--generate_max_len`: prompt + response stay within it (a "
-                          "longer prompt is dropped and counted, where OpenRLHF gives it fewer response tokens)")
+        return "mapped", ("`--prompt_max_len` + `--generate_max_len` = this: the one not given is the rest, "
+                          "half each when neither is (a longer prompt is dropped and counted, where OpenRLHF gives "
+                          "it fewer response tokens)")
     if meaning.negate:
         return "mapped", f"`--no-{meaning.flag}`"
     return "mapped", f"`--{meaning.flag}`" + (f" `{meaning.value}`" if meaning.value is not None else "")

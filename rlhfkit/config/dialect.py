@@ -41,8 +41,9 @@ class Only:
 
 @dataclass(frozen=True)
 class Budget:
-    """ppo's `--data.max_len L`: prompt + response <= L tokens, as `--prompt_max_len` L - `--generate_max_len`.
-    rlhfkit drops (and counts) a prompt longer than that, where OpenRLHF would give it fewer response tokens."""
+    """ppo's `--data.max_len L`: prompt + response <= L tokens, as `--prompt_max_len` + `--generate_max_len` = L
+    (`split_budget`). rlhfkit drops (and counts) a longer prompt, where OpenRLHF would give it fewer response
+    tokens."""
 
 
 BUDGET = Budget()
@@ -303,25 +304,35 @@ def rewrite_argv(command: str, argv: list[str], parser: argparse.ArgumentParser,
 
 
 def _budget_argv(budget: tuple[str, Any], argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
-    name, total = budget
-    generate = parser.get_default("generate_max_len")
+    given = {}
     for j, token in enumerate(argv):
-        if token == "--generate_max_len" and j + 1 < len(argv):
-            generate = argv[j + 1]
-        elif token.startswith("--generate_max_len="):
-            generate = token.partition("=")[2]
-    return ["--prompt_max_len", str(_prompt_budget(name, total, generate))]
+        for flag in ("prompt_max_len", "generate_max_len"):
+            if token == f"--{flag}" and j + 1 < len(argv):
+                given[flag] = argv[j + 1]
+            elif token.startswith(f"--{flag}="):
+                given[flag] = token.partition("=")[2]
+    return [item for flag, value in split_budget(*budget, given).items() for item in (f"--{flag}", str(value))]
 
 
-def _prompt_budget(name: str, total: Any, generate: Any) -> int:
+def split_budget(name: str, total: Any, given: dict[str, Any]) -> dict[str, int]:
+    """ppo's `--data.max_len L` as rlhfkit's two bounds: L - `--generate_max_len` for the prompt when the response
+    bound is given, L - `--prompt_max_len` for the response when that is given, else half each (rlhfkit's defaults
+    are 1024 + 1024 = OpenRLHF's default 2048). Returns the bounds to set."""
     try:
-        prompt = int(total) - int(generate)
+        total = int(total)
+        given = {flag: int(value) for flag, value in given.items()}
     except (TypeError, ValueError):
-        raise ConfigError(f"--{name} {total}: expected an integer") from None
-    if prompt < 1:
-        raise ConfigError(f"--{name} {total} leaves no room for the prompt: responses take up to "
-                          f"--generate_max_len {generate} tokens; raise --{name} or lower --generate_max_len")
-    return prompt
+        raise ConfigError(f"--{name} {total}: expected integers") from None
+    if len(given) == 2:
+        raise ConfigError(f"--{name} with both --prompt_max_len and --generate_max_len: give at most two of the "
+                          "three (prompt + response <= --" + name + ")")
+    if not given:
+        return {"prompt_max_len": total - total // 2, "generate_max_len": total // 2}
+    [(flag, value)] = given.items()
+    other = "generate_max_len" if flag == "prompt_max_len" else "prompt_max_len"
+    if total - value < 1:
+        raise ConfigError(f"--{name} {total} leaves no room beside --{flag} {value}: raise --{name}")
+    return {other: total - value}
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -357,7 +368,5 @@ def rewrite_mapping(command: str, data: dict[str, Any], parser: argparse.Argumen
         else:
             out[meaning.flag] = (not value) if meaning.negate else value
     if budget is not None:
-        out.setdefault("prompt_max_len",
-                       _prompt_budget(budget[0], budget[1],
-                                      out.get("generate_max_len", parser.get_default("generate_max_len"))))
+        out.update(split_budget(*budget, {f: out[f] for f in ("prompt_max_len", "generate_max_len") if f in out}))
     return out
