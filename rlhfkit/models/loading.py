@@ -295,12 +295,18 @@ def head_values(model: torch.nn.Module, **forward_kwargs: Any) -> torch.Tensor:
     captured: list[torch.Tensor] = []
     handle = head.register_forward_hook(lambda _mod, _inp, out: captured.append(out))
     try:
-        model(**forward_kwargs)
+        out = model(**forward_kwargs)
     finally:
         handle.remove()
     if len(captured) != 1:
         raise RuntimeError(f"expected the {VALUE_HEAD!r} head to run once per forward, it ran {len(captured)} times")
-    return captured[0].squeeze(-1).float()
+    values = captured[0].squeeze(-1).float()
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor) and logits.requires_grad:
+        # keep the forward's own output in the graph: FSDP2 re-gathers a resharded root (--zero_stage 3, the
+        # score head's weight) in a hook on that output's gradient, which the captured values alone would skip
+        values = values + 0.0 * logits.float().sum()
+    return values
 
 
 def _score_module(model: torch.nn.Module) -> torch.nn.Module:

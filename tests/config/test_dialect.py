@@ -5,31 +5,19 @@ stop with their reason, and OpenRLHF's own launch scripts parse unchanged (tests
 from __future__ import annotations
 
 import argparse
-import codecs
 import re
-import shlex
-from pathlib import Path
-from string import Template
 
 import pytest
+from openrlhf_scripts import SCRIPTS, groups, script_argv
 
 from rlhfkit.cli import porting_doc
 from rlhfkit.config import dialect
 from rlhfkit.config.parse import config_to_dict, parse_config
 from rlhfkit.errors import ConfigError
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "fixtures" / "openrlhf_scripts"
-
-
-def groups(command: str) -> list[type]:
-    import importlib
-
-    return importlib.import_module(f"rlhfkit.cli.{command.replace('-', '_')}").GROUPS
-
 
 def parsed(command: str, argv: list[str]) -> dict:
-    cfg = config_to_dict(parse_config(command, groups(command), argv))
-    return cfg
+    return config_to_dict(parse_config(command, groups(command), argv))
 
 
 def test_the_table_covers_every_openrlhf_flag_and_names_only_real_ones():
@@ -185,14 +173,6 @@ def test_serve_rm_and_lora_merge_take_the_dotted_names(tmp_path):
         dialect.rewrite_argv("serve-rm", ["--ds.load_in_4bit"], parser, REJECTED.get)
     with pytest.raises(ConfigError, match="--is_rm is not supported: not needed"):
         lora_merge.main(["--model_path", "m", "--lora_path", "l", "--output_path", str(tmp_path), "--is_rm"])
-
-
-def script_argv(name: str, **paths: str) -> tuple[str, list[str]]:
-    """(rlhfkit command, argv) of a fixture script with its `$NAME` placeholders filled in."""
-    text = (SCRIPTS / name).read_text().replace("\\\n", " ")
-    text = re.sub(r"\$'((?:[^'\\]|\\.)*)'", lambda m: shlex.quote(codecs.decode(m.group(1), "unicode_escape")), text)
-    words = shlex.split(Template(text).safe_substitute(paths))
-    return dialect.OPENRLHF_CLIS[words[0].rsplit(".", 1)[-1]], words[1:]
 
 
 PLACEHOLDERS = {"MODEL": "tiny-model", "REWARD_MODEL": "tiny-rm", "DATA": "data.jsonl", "EVAL_DATA": "eval.jsonl",
