@@ -268,6 +268,10 @@ def _refuse(name: str, meaning: Resolved, source: str) -> ConfigError:
     return ConfigError(f"{source}: --{name}{via} is not supported: {meaning.reason}")
 
 
+def _refuse_value(command: str, name: str, value: Any, only: Only, source: str) -> ConfigError:
+    return ConfigError(f"{source}: --{name} is not supported by 'rlhfkit {command}' ({value} given): {only.reason}")
+
+
 def rewrite_argv(command: str, argv: list[str], parser: argparse.ArgumentParser,
                  refusal: Callable[[str], str | None]) -> list[str]:
     """argv with OpenRLHF's names (`--a.b v`, `--a.b=v`, switches) replaced by rlhfkit's flat flags; ConfigError
@@ -294,7 +298,7 @@ def rewrite_argv(command: str, argv: list[str], parser: argparse.ArgumentParser,
             if meaning.budget:
                 budget = (name, value)
             elif not _equal(value, meaning.only.value):
-                raise ConfigError(f"command line: --{name} {value} is not supported: {meaning.only.reason}")
+                raise _refuse_value(command, name, value, meaning.only, "command line")
             continue
         flag = f"--no-{meaning.flag}" if meaning.negate else f"--{meaning.flag}"
         out += [flag, meaning.value] if meaning.value is not None else [flag + (f"={inline}" if eq else "")]
@@ -361,7 +365,7 @@ def rewrite_mapping(command: str, data: dict[str, Any], parser: argparse.Argumen
             budget = (key, value)
         elif meaning.only:
             if not _equal(value, meaning.only.value):
-                raise ConfigError(f"{source}: {key}: {value} is not supported: {meaning.only.reason}")
+                raise _refuse_value(command, key, value, meaning.only, source)
         elif meaning.value is not None:
             if value:
                 out[meaning.flag] = meaning.value

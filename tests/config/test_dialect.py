@@ -131,12 +131,14 @@ def test_nested_and_dotted_yaml_equal_flat_yaml(tmp_path):
 @pytest.mark.parametrize(("command", "argv", "message"), [
     ("sft", ["--ds.zpg", "2"], "--ds.zpg (rlhfkit's --zpg) is not supported: ZeRO++ partition groups are "
                                  "DeepSpeed-only"),
-    ("sft", ["--ds.ring_attn_size", "2"], "--ds.ring_attn_size 2 is not supported: ring attention"),
+    ("sft", ["--ds.ring_attn_size", "2"], "--ds.ring_attn_size is not supported by 'rlhfkit sft' (2 given): ring "
+                                          "attention"),
     ("sft", ["--ds.enable_sleep"], "--ds.enable_sleep (rlhfkit's --deepspeed_enable_sleep) is not supported: only "
                                    "ppo has phases"),
     ("ppo", ["--train.partial_rollout_enable"], "--train.partial_rollout_enable is not supported: partial rollouts"),
     ("ppo", ["--ref.offload"], "use --ref_reward_offload"),
-    ("ppo", ["--logger.logging_steps", "5"], "--logger.logging_steps 5 is not supported: ppo logs every step"),
+    ("ppo", ["--logger.logging_steps", "5"], "--logger.logging_steps is not supported by 'rlhfkit ppo' (5 given): "
+                                             "ppo logs every step"),
     ("ppo", ["--ckpt.best_metric_key", "x"], "not yet available: it means rlhfkit's best_metric_key"),
     ("ppo", ["--data.image_key", "img"], "vision-language models are not supported"),
 ])
@@ -191,3 +193,22 @@ def test_openrlhf_launch_scripts_parse_unchanged(name):
         assert cfg.dataset == "data.jsonl" and cfg.packing_samples and cfg.gradient_checkpointing
     n_flags = sum(word.startswith("--") for word in argv)
     assert n_flags >= 18  # the whole script, not a prefix of it
+
+
+def test_a_flash_attention_kernel_runs_as_sdpa_without_cuda(monkeypatch, caplog):
+    """OpenRLHF's scripts pass --ds.attn_implementation flash_attention_2; without CUDA the same exact attention
+    runs as sdpa, with one warning per kernel name."""
+    import logging
+
+    import torch
+
+    from rlhfkit.models import loading
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(loading, "_warned_kernels", set())
+    with caplog.at_level(logging.WARNING, logger="rlhfkit.models.loading"):
+        assert [loading.attention_kernel(k) for k in ("flash_attention_2", "flash_attention_2", "eager", "sdpa")] \
+            == ["sdpa", "sdpa", "eager", "sdpa"]
+    assert len(caplog.records) == 1 and "flash_attention_2 needs CUDA" in caplog.records[0].getMessage()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert loading.attention_kernel("flash_attention_2") == "flash_attention_2"
