@@ -287,18 +287,12 @@ def rewrite_argv(command: str, argv: list[str], parser: argparse.ArgumentParser,
             continue
         if meaning.reason:
             raise _refuse(name, meaning, "command line")
-        takes_value = not (meaning.only and meaning.only.value is True) and meaning.value is None \
-            and not meaning.negate
-        value: Any = True
-        if meaning.only or meaning.budget:
-            if eq:
-                value = inline
-            elif takes_value and i < len(argv):
-                value, i = argv[i], i + 1
-            if meaning.budget:
-                budget = (name, value)
-            elif not _equal(value, meaning.only.value):
+        if meaning.budget or meaning.only is not None:
+            switch = meaning.only is not None and meaning.only.value is True
+            value, i = (inline, i) if eq else (True, i) if switch or i >= len(argv) else (argv[i], i + 1)
+            if meaning.only is not None and not _equal(value, meaning.only.value):
                 raise _refuse_value(command, name, value, meaning.only, "command line")
+            budget = (name, value) if meaning.budget else budget
             continue
         flag = f"--no-{meaning.flag}" if meaning.negate else f"--{meaning.flag}"
         out += [flag, meaning.value] if meaning.value is not None else [flag + (f"={inline}" if eq else "")]
