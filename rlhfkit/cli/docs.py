@@ -1,7 +1,8 @@
 """Generate docs/commands/<command>.md (one page per command, every flag) so the flag reference cannot go stale.
 Not a command itself: it lives beside the commands it documents, so that `rlhfkit.config` imports no command.
 
-    python -m rlhfkit.cli.docs            # (re)write docs/commands/*.md and docs/options.md   (also: make docs)
+    python -m rlhfkit.cli.docs            # (re)write docs/commands/*.md, docs/options.md and the generated part
+                                          # of docs/porting.md (rlhfkit.cli.porting_doc)   (also: make docs)
     python -m rlhfkit.cli.docs --check    # exit 1 listing the pages that are out of date
 
 docs/options.md is the option-effect table (`rlhfkit.config.effects`): for every flag of every command, the
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.cli import porting_doc
 from rlhfkit.cli.main import COMMANDS
 from rlhfkit.config.parse import COMMAND_REJECTED_FLAGS, REJECTED_FLAGS, build_parser, rejection_reason
 
@@ -295,8 +297,8 @@ def render_page(doc: CommandDoc) -> str:
                   for name in sorted(REJECTED_FLAGS)]
         own = COMMAND_REJECTED_FLAGS.get(doc.command, {})
         if own:
-            lines += ["", f"These flags of the shared groups above are refused by `rlhfkit {doc.command}`, which does "
-                          "not act on them:", "", "| flag | reason |", "|---|---|"]
+            lines += ["", f"These flags are refused by `rlhfkit {doc.command}`, which does not act on them:",
+                      "", "| flag | reason |", "|---|---|"]
             lines += [f"| `--{name}` | {_cell(reason)} |" for name, reason in sorted(own.items())]
         lines.append("")
     return "\n".join(lines)
@@ -445,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         stale = stale_pages(args.out)
         if options_page is not None and options_page_stale(options_page):
             stale.append(str(options_page.relative_to(REPO_ROOT)))
+        if options_page is not None and porting_doc.page_stale():
+            stale.append(str(porting_doc.PORTING_PAGE.relative_to(REPO_ROOT)))
         if stale:
             print(f"out of date in {args.out}: {', '.join(stale)}. Run `make docs` "
                   f"(python -m rlhfkit.cli.docs) and commit the result.", file=sys.stderr)
@@ -455,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     if options_page is not None and options_page_stale(options_page):
         options_page.write_text(render_options(), encoding="utf-8")
         changed.append(str(options_page.relative_to(REPO_ROOT)))
+    if options_page is not None and porting_doc.write_page():
+        changed.append(str(porting_doc.PORTING_PAGE.relative_to(REPO_ROOT)))
     print(f"{args.out}: " + (f"wrote {', '.join(changed)}" if changed else "up to date"))
     for command in undocumented_commands():
         print(f"note: rlhfkit {command}: {module_name(command)} exposes neither GROUPS nor build_parser(); "

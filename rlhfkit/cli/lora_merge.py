@@ -27,9 +27,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> str:
+    from rlhfkit.config.dialect import rewrite_argv
     from rlhfkit.models.lora import merge_lora
 
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()  # OpenRLHF's dotted names (--ds.param_dtype) -> ours
+    args = parser.parse_args(rewrite_argv("lora-merge", list(sys.argv[1:] if argv is None else argv), parser,
+                                          lambda name: None))
     try:
         out = merge_lora(args.pretrain, args.lora_path, args.output_path, dtype=_DTYPES[args.param_dtype])
     except FileNotFoundError as err:

@@ -366,9 +366,10 @@ EFFECTS: dict[str, Effect] = {
     "max_engine_restarts": _t("a killed and a hung engine are restarted, synced and counted (fault/engine_restarts "
                               "1, then 2; one events.jsonl line each) and the run finishes",
                               _FAULTS + "test_killed_then_hung_engine_is_restarted_synced_and_the_run_finishes"),
-    "vllm_sync_backend": _t("the weight transport (gloo broadcast equals the ray path; nccl refused without GPUs)",
+    "vllm_sync_backend": _t("the weight transport (gloo broadcast equals the ray path; nccl without GPUs falls "
+                            "back to gloo with one warning)",
                             _PUSH + "test_gloo_broadcast_run_matches_the_ray_run",
-                            _PUSH + "test_nccl_without_gpus_or_with_colocation_is_refused"),
+                            _PUSH + "test_nccl_without_gpus_falls_back_to_gloo_with_one_warning"),
     "weight_sync_bucket_mb": _t("weights are pushed in buckets of this size (several buckets at 1 MiB)",
                                 _PUSH + "test_gloo_broadcast_run_matches_the_ray_run"),
     "prompt_max_len": _t("over-long prompts dropped and counted; the engines' max_model_len",

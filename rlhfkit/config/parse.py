@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from rlhfkit.config import dialect
 from rlhfkit.errors import ConfigError
 
 # DeepSpeed internals that have no meaning under FSDP2: rejected with a reason instead of silently ignored.
@@ -31,7 +32,6 @@ REJECTED_FLAGS: dict[str, str] = {
     "use_ms": "ModelScope downloads are not supported; pass a local folder or a hub name",
     "use_liger_kernel": "Liger kernels are not integrated; drop the flag",
     "grad_accum_dtype": "gradients accumulate in the parameter dtype (fp32 master weights); drop the flag",
-    "deepspeed_enable_sleep": "use --fsdp_enable_offload (the FSDP2 name for putting trainer state to sleep)",
     "max_ckpt_mem": "use --max_ckpt_num to bound checkpoint count",
 }
 
@@ -41,13 +41,13 @@ _OFFLINE_SLEEP = ("only ppo has phases (generation, then training) to put traine
                   "parameters, gradients and optimizer state in host RAM use --adam_offload")
 _NO_CHECKPOINTS = "batch-inference trains nothing and writes no checkpoint; drop the flag"
 REJECTED_FLAG_REASONS: dict[str, dict[str, str]] = {
-    **{command: {"deepspeed_enable_sleep": _OFFLINE_SLEEP} for command in ("sft", "rm", "dpo", "kto", "kd", "prm")},
-    "batch-inference": {
-        "deepspeed_enable_sleep": "batch-inference trains nothing: there is no trainer state to put to sleep; drop "
-                                  "the flag (the engines free their memory when the command ends)",
-        "disable_ds_ckpt": _NO_CHECKPOINTS,
-        "max_ckpt_mem": _NO_CHECKPOINTS,
-    },
+    "batch-inference": {"disable_ds_ckpt": _NO_CHECKPOINTS, "max_ckpt_mem": _NO_CHECKPOINTS},
+}
+# --deepspeed_enable_sleep: ppo maps it to --fsdp_enable_offload (rlhfkit.config.dialect); the others refuse it.
+_SLEEP_REFUSED: dict[str, str] = {
+    **{command: _OFFLINE_SLEEP for command in ("sft", "rm", "dpo", "kto", "kd", "prm")},
+    "batch-inference": "batch-inference trains nothing: there is no trainer state to put to sleep; drop the flag "
+                       "(the engines free their memory when the command ends)",
 }
 
 
@@ -63,9 +63,10 @@ def rejection_reason(name: str, command: str = "") -> str | None:
 COMMAND_REJECTED_FLAGS: dict[str, dict[str, str]] = {
     "ppo": {
         "learning_rate": "ppo trains two models: use --actor_learning_rate and --critic_learning_rate",
-        "logging_steps": "ppo logs every step (one rollout per step); drop the flag",
+        "logging_steps": dialect.PPO_LOGGING,
         "full_determinism": "not implemented for the Ray workers of ppo; drop the flag (runs are seeded by --seed)",
     },
+    **{command: {"deepspeed_enable_sleep": reason} for command, reason in _SLEEP_REFUSED.items()},
 }
 
 
@@ -149,6 +150,8 @@ def _load_yaml(path: str, parser: argparse.ArgumentParser, command: str = "") ->
         raise ConfigError(f"--config {path}: expected a mapping of flag: value, got {type(data).__name__}")
     known = {a.dest for a in parser._actions}
     out = {}
+    data = dialect.rewrite_mapping(command, data, parser, lambda name: rejection_reason(name, command),
+                                   f"--config {path}")  # OpenRLHF's names (nested or dotted) -> rlhfkit's
     for key, value in data.items():
         name = str(key).lstrip("-").replace("-", "_")
         _reject_if_deepspeed(name, source=f"--config {path}", command=command)
@@ -169,10 +172,11 @@ def _reject_if_deepspeed(name: str, source: str, command: str = "") -> None:
 def parse_config(command: str, groups: list[type], argv: list[str] | None = None, description: str = "") -> Any:
     """Parse argv (and --config YAML) into a flat config object; raise ConfigError on unknown/rejected flags."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(command, groups, description)
+    argv = dialect.rewrite_argv(command, argv, parser, lambda name: rejection_reason(name, command))
     for token in argv:
         if token.startswith("--"):
             _reject_if_deepspeed(token[2:].split("=")[0], source="command line", command=command)
-    parser = build_parser(command, groups, description)
     pre, _ = parser.parse_known_args(argv)
     if pre.config:
         values = _load_yaml(pre.config, parser, command)

@@ -10,15 +10,19 @@ re-derive from the raw flags:
   "loss" (`--use_kl_loss`: the KL is a term of the policy loss); `needs_ref` is `kl_mode != "off"`;
 - the world size of each role (`--<role>_num_nodes x --<role>_num_gpus_per_node`);
 - `sync_transport`: the weight transport `--vllm_sync_backend` means on this cluster (ray, gloo or nccl), once the
-  driver knows whether the cluster has GPUs (`resolve_plan(cfg, has_gpus)`), else None.
+  driver knows whether the cluster has GPUs (`resolve_plan(cfg, has_gpus)`), else None; nccl on a cluster without
+  GPUs falls back to gloo (the same broadcast) with one warning.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from rlhfkit.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 # The estimators whose baseline is the other samples of the same prompt (rlhfkit.algorithms.advantages keeps the
 # same tuple: algorithms imports nothing of ours; tests/config/test_plan.py checks that the two agree).
@@ -33,9 +37,10 @@ def resolve_sync_backend(requested: str, has_gpus: bool, colocated: bool) -> str
         if not has_gpus:
             return "gloo"
         return "ray" if colocated else "nccl"
-    if requested == "nccl" and not has_gpus:
-        raise ConfigError("--vllm_sync_backend nccl needs GPUs, and this Ray cluster has none: use "
-                          "--vllm_sync_backend gloo (the same broadcast on CPU) or ray (the object store)")
+    if requested == "nccl" and not has_gpus:  # one launch script for a laptop and a cluster (#13)
+        logger.warning("--vllm_sync_backend nccl: this Ray cluster has no GPUs, so the weights go over gloo, the "
+                       "same broadcast on CPU")
+        return "gloo"
     if requested == "nccl" and colocated:
         raise ConfigError("--vllm_sync_backend nccl cannot be used with --colocate_all_models: NCCL cannot connect "
                           "two processes on the same GPU (trainer rank and engine share it). Use "

@@ -67,7 +67,8 @@ class RolloutOptions:
                           choices=["auto", "bf16", "fp16", "fp32"])
     vllm_sync_backend: str = opt("auto", "weight transport trainer -> engines: ray (object store, via the driver), "
                                          "gloo or nccl (torch.distributed broadcast from actor rank 0 into every "
-                                         "engine worker; nccl needs GPUs and cannot share one: not with "
+                                         "engine worker; nccl needs GPUs, gloo is used without them, with a "
+                                         "warning, and nccl cannot share a GPU: not with "
                                          "--colocate_all_models); auto = gloo on CPU (2.7x faster than ray in the RL "
                                          "loop there), nccl on GPU, ray on GPU with --colocate_all_models",
                                  choices=["auto", "ray", "gloo", "nccl"])

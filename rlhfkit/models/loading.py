@@ -12,6 +12,7 @@ Every loader takes a *spec* (the value of `--pretrain`, `--reward_pretrain`, ...
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import re
 from pathlib import Path
@@ -138,6 +139,22 @@ def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     return sorted({i for i in candidates if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id})
 
 
+_warned_kernels: set[str] = set()
+
+
+def attention_kernel(requested: str) -> str:
+    """`--attn_implementation` as this machine runs it: a FlashAttention kernel (`flash_attention_2`, `..._3`, a
+    `kernels-community/...flash...` name) needs CUDA; without it the same exact attention runs as `sdpa`, with one
+    warning per kernel name, so one launch script runs on a laptop and on a GPU node (#13)."""
+    if "flash" not in requested.lower() or torch.cuda.is_available():
+        return requested
+    if requested not in _warned_kernels:
+        _warned_kernels.add(requested)
+        logging.getLogger(__name__).warning("--attn_implementation %s needs CUDA; using sdpa (the same attention, "
+                                            "computed without FlashAttention)", requested)
+    return "sdpa"
+
+
 def load_causal_lm(
     spec: str,
     *,
@@ -150,7 +167,8 @@ def load_causal_lm(
     ``load_in_4bit``: the linear layers in bitsandbytes NF4 computing in ``compute_dtype`` (QLoRA, docs/models.md)."""
     path = resolve_pretrain(spec)
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation=attn_implementation, local_files_only=_local_only(path),
+        path, dtype=dtype, attn_implementation=attention_kernel(attn_implementation),
+        local_files_only=_local_only(path),
         **quantization_kwargs(load_in_4bit, compute_dtype)
     )
     if model.config.pad_token_id is None:
@@ -208,7 +226,8 @@ def load_scalar_model(
     if config.pad_token_id is None:
         config.pad_token_id = load_tokenizer(path).pad_token_id
     model = AutoModelForSequenceClassification.from_pretrained(
-        path, config=config, dtype=dtype, attn_implementation=attn_implementation, local_files_only=local,
+        path, config=config, dtype=dtype, attn_implementation=attention_kernel(attn_implementation),
+        local_files_only=local,
         **quantization_kwargs(load_in_4bit, compute_dtype)
     )
     if not isinstance(getattr(model, VALUE_HEAD, None), torch.nn.Linear):
@@ -276,12 +295,18 @@ def head_values(model: torch.nn.Module, **forward_kwargs: Any) -> torch.Tensor:
     captured: list[torch.Tensor] = []
     handle = head.register_forward_hook(lambda _mod, _inp, out: captured.append(out))
     try:
-        model(**forward_kwargs)
+        out = model(**forward_kwargs)
     finally:
         handle.remove()
     if len(captured) != 1:
         raise RuntimeError(f"expected the {VALUE_HEAD!r} head to run once per forward, it ran {len(captured)} times")
-    return captured[0].squeeze(-1).float()
+    values = captured[0].squeeze(-1).float()
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor) and logits.requires_grad:
+        # keep the forward's own output in the graph: FSDP2 re-gathers a resharded root (--zero_stage 3, the
+        # score head's weight) in a hook on that output's gradient, which the captured values alone would skip
+        values = values + 0.0 * logits.float().sum()
+    return values
 
 
 def _score_module(model: torch.nn.Module) -> torch.nn.Module:

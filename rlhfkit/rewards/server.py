@@ -22,13 +22,14 @@ import hmac
 import json
 import logging
 import os
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import torch
 
-from rlhfkit.errors import RewardError
+from rlhfkit.errors import ConfigError, RewardError
 from rlhfkit.rewards.base import RewardSource, check_batch
 from rlhfkit.rewards.remote import ENDPOINT, TOKEN_ENV
 from rlhfkit.rewards.reward_func import DEFAULT_TIMEOUT
@@ -175,7 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_server(argv: list[str] | None = None) -> RewardServer:
     """Parse flags, load the reward source and bind the server (not yet serving)."""
+    from rlhfkit.config.dialect import rewrite_argv
+
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:  # OpenRLHF's dotted names (--reward.model_name_or_path) -> ours
+        argv = rewrite_argv("serve-rm", argv, parser, REJECTED.get)
+    except ConfigError as err:
+        parser.error(str(err))
     args = parser.parse_args(argv)
     for flag, reason in REJECTED.items():
         if getattr(args, flag):

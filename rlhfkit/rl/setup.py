@@ -29,7 +29,7 @@ from rlhfkit.engine.precision import apply_precision
 from rlhfkit.errors import ConfigError, RemoteCallError
 from rlhfkit.launch.preflight import preflight
 from rlhfkit.launch.ray_cluster import cluster_has_gpus, start_ray
-from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_ids
+from rlhfkit.models.loading import attention_kernel, load_tokenizer, resolve_pretrain, stop_token_ids
 from rlhfkit.observability.mfu import FlopModel
 from rlhfkit.observability.placement import collect_whereabouts, record_placement
 from rlhfkit.observability.run import prepare_run_dir, record_resume
@@ -148,7 +148,7 @@ def validate_rl(cfg: Any) -> None:
         raise ConfigError(f"--gamma {cfg.gamma} with --advantage_estimator {cfg.advantage_estimator}: a group "
                           "baseline compares whole-response rewards, so the returns are undiscounted (OpenRLHF "
                           "sets gamma to 1 for it): drop --gamma, or use gae / reinforce")
-    if cfg.packing_samples and cfg.attn_implementation not in ("sdpa", "eager"):
+    if cfg.packing_samples and attention_kernel(cfg.attn_implementation) not in ("sdpa", "eager"):  # as it runs
         raise ConfigError(f"--packing_samples with --attn_implementation {cfg.attn_implementation}: the packed row "
                           "needs a 4D block mask, which only sdpa and eager honour; use one of them, or drop "
                           "--packing_samples")

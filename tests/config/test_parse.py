@@ -100,10 +100,10 @@ def test_every_refusal_reason_names_only_flags_of_its_command(tmp_path):
             named = set(re.findall(r"--[a-z][a-z0-9_]*", reason))
             assert named <= flags, f"rlhfkit {command} --{name}: the reason names {sorted(named - flags)}: {reason}"
             with pytest.raises(ConfigError) as err:
-                parse_config(command, groups, [f"--{name}", "1"])
+                parse_config(command, groups, [f"--{name}", "2"])  # not 1: ppo accepts --logging_steps 1
             assert reason in str(err.value)
             config = tmp_path / f"{command}-{name}.yaml"
-            config.write_text(f"{name}: 1\n")
+            config.write_text(f"{name}: 2\n")
             with pytest.raises(ConfigError) as err:
                 parse_config(command, groups, ["--config", str(config)])
             assert reason in str(err.value)

@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 
 from rlhfkit.cli import docs as generator
+from rlhfkit.cli import porting_doc
 from rlhfkit.cli.main import COMMANDS
+from rlhfkit.config import dialect
 from rlhfkit.config.parse import COMMAND_REJECTED_FLAGS, REJECTED_FLAGS, build_parser
 
 DOCS_DIR = generator.REPO_ROOT / "docs"
@@ -57,7 +59,8 @@ def command_flags() -> dict[str, set[str]]:
         else:
             raise AssertionError(f"rlhfkit {command} has no parser to read its flags from")
         flags = {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
-        out[command] = flags | {f"--{name}" for name in refused}
+        translated = {f"--{name}" for name in dialect.table(command)}  # OpenRLHF's names: mapped or refused
+        out[command] = flags | {f"--{name}" for name in refused} | translated
     return out
 
 
@@ -77,7 +80,10 @@ def script_flags() -> set[str]:
 
 FLAGS = command_flags()
 ANY_COMMAND = set().union(*FLAGS.values())
-KNOWN = ANY_COMMAND | script_flags() | set(OTHER_PROGRAMS)
+# OpenRLHF tools without an rlhfkit command: docs/porting.md lists their flags with the reason
+NO_COMMAND_FLAGS = {flag for dialect_flags in porting_doc.openrlhf_flags().values()
+                    for cli, flags in dialect_flags.items() if dialect.OPENRLHF_CLIS[cli] is None for flag in flags}
+KNOWN = ANY_COMMAND | script_flags() | set(OTHER_PROGRAMS) | NO_COMMAND_FLAGS
 
 
 def segments(text: str) -> list[tuple[int, str]]:

@@ -114,7 +114,9 @@ def test_a_packed_ppo_step_equals_the_padded_one(tiny_model_dir, tiny_reward_mod
     assert_same_step(padded, packed, tmp_path / "padded", tmp_path / "packed", tiny_model_dir)
 
 
-def test_packing_with_an_attention_kernel_that_ignores_4d_masks_is_refused():
+def test_packing_with_an_attention_kernel_that_ignores_4d_masks_is_refused(monkeypatch):
+    import torch
+
     from rlhfkit.config.parse import flags_to_argv, parse_config
     from rlhfkit.config.rl_options import RL_GROUPS
     from rlhfkit.errors import ConfigError
@@ -125,9 +127,12 @@ def test_packing_with_an_attention_kernel_that_ignores_4d_masks_is_refused():
                 "rollout_batch_size": 8, "train_batch_size": 8, "packing_samples": True}
         return parse_config("ppo", RL_GROUPS, flags_to_argv({**base, **flags}))
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # where flash_attention_2 runs as such
     with pytest.raises(ConfigError, match="--packing_samples with --attn_implementation flash_attention_2"):
         validate_rl(cfg(attn_implementation="flash_attention_2"))
     validate_rl(cfg(attn_implementation="eager"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # without CUDA it runs as sdpa (#13)
+    validate_rl(cfg(attn_implementation="flash_attention_2"))
 
 
 def test_the_mfu_token_count_of_a_packed_pass_counts_each_prompt_once():

@@ -3,6 +3,7 @@ gloo broadcast that matches the same run over the Ray object store (the engines 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -24,27 +25,37 @@ def test_resolve_sync_backend(requested, gpus, colocated, want):
     assert resolve_sync_backend(requested, gpus, colocated) == want
 
 
-def test_nccl_without_gpus_or_with_colocation_is_refused():
-    with pytest.raises(ConfigError, match="--vllm_sync_backend nccl needs GPUs.*gloo.*ray"):
-        resolve_sync_backend("nccl", has_gpus=False, colocated=False)
+def test_nccl_without_gpus_falls_back_to_gloo_with_one_warning(caplog):
+    """One launch script (`--vllm_sync_backend nccl`) runs on a CPU machine and on a GPU cluster (#13)."""
+    with caplog.at_level(logging.WARNING, logger="rlhfkit.config.plan"):
+        assert resolve_sync_backend("nccl", has_gpus=False, colocated=False) == "gloo"
+    assert [r.getMessage() for r in caplog.records] == [
+        "--vllm_sync_backend nccl: this Ray cluster has no GPUs, so the weights go over gloo, the same broadcast "
+        "on CPU"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlhfkit.config.plan"):
+        assert resolve_sync_backend("nccl", has_gpus=True, colocated=False) == "nccl"
+    assert caplog.records == []
+
+
+def test_nccl_with_colocation_or_an_unknown_backend_is_refused():
     with pytest.raises(ConfigError, match="--vllm_sync_backend nccl cannot be used with --colocate_all_models"):
         resolve_sync_backend("nccl", has_gpus=True, colocated=True)
     with pytest.raises(ConfigError, match="--vllm_sync_backend 'mpi'"):
         resolve_sync_backend("mpi", has_gpus=False, colocated=False)
 
 
-def test_nccl_on_a_cpu_cluster_fails_at_setup(ray_cluster, tiny_model_dir, tmp_path):
-    from rlhfkit.config.parse import flags_to_argv, parse_config
+def test_nccl_on_a_cpu_cluster_resolves_to_gloo(ray_cluster, tmp_path):
+    from rlhfkit.config.parse import parse_config
+    from rlhfkit.config.plan import resolve_plan
     from rlhfkit.config.rl_options import RL_GROUPS
-    from rlhfkit.rl.setup import build_setup
+    from rlhfkit.launch.ray_cluster import cluster_has_gpus
 
     if ray_cluster.cluster_resources().get("GPU", 0) > 0:
         pytest.skip("the Ray cluster has GPUs")
-    flags = {"pretrain": tiny_model_dir, "prompt_data": str(tmp_path / "p.jsonl"), "remote_rm_url": "builtin:math",
-             "prompt_max_len": 128, "generate_max_len": 8, "vllm_sync_backend": "nccl",
-             "run_dir": str(tmp_path / "run")}
-    with pytest.raises(ConfigError, match="--vllm_sync_backend nccl needs GPUs.*gloo"):
-        build_setup(parse_config("ppo", RL_GROUPS, flags_to_argv(flags)))
+    cfg = parse_config("ppo", RL_GROUPS, ["--pretrain", "m", "--vllm.sync_backend", "nccl"])  # 0.11's name
+    assert cfg.vllm_sync_backend == "nccl"
+    assert resolve_plan(cfg, cluster_has_gpus()).sync_transport == "gloo"
 
 
 @pytest.mark.slow

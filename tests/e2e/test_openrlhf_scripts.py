@@ -1,0 +1,73 @@
+"""OpenRLHF 0.11's own launch scripts run at tiny scale (#13): examples/scripts/train_sft.sh, train_rm.sh,
+train_dpo_llama.sh and train_dapo_ray_hybrid_engine.sh (GRPO), their flags unchanged but for model names, data paths
+and sizes (tests/fixtures/openrlhf_scripts). Two optimizer steps each; the scripts' bf16, flash_attention_2, nccl and
+sleep flags take their CPU meaning (bf16 mixed precision, sdpa, gloo, no-op)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from openrlhf_scripts import groups, script_argv
+
+from rlhfkit.config.parse import parse_config
+from rlhfkit.data.synthetic import echo_rows, preference_rows, write_jsonl
+
+pytestmark = pytest.mark.slow
+RL_DIR = Path(__file__).resolve().parents[1] / "rl"
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def only_run(cwd: Path) -> Path:
+    [run_dir] = (cwd / "runs").iterdir()  # the default run folder, runs/<command>-<time>
+    return run_dir
+
+
+def conversation_pairs(n: int) -> list[dict]:
+    """OpenRLHF's preference format for --apply_chat_template without --prompt_key: whole conversations."""
+    def chat(prompt: str, answer: str) -> list[dict]:
+        return [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+    return [{"chosen": chat(r["prompt"], r["chosen"]), "rejected": chat(r["prompt"], r["rejected"])}
+            for r in preference_rows(n, seed=3)]
+
+
+@pytest.mark.parametrize(("script", "rows", "loss"), [
+    ("train_sft.sh", [{"question": r["input"], "response": r["output"]} for r in echo_rows(8, seed=1)], "train/loss"),
+    ("train_rm.sh", conversation_pairs(8), "train/loss"),
+    ("train_dpo_llama.sh", conversation_pairs(8), "train/loss"),
+])
+def test_offline_scripts_run(script, rows, loss, tiny_model_dir, tmp_path, monkeypatch):
+    import importlib
+
+    data = write_jsonl(rows, tmp_path / "data.jsonl")
+    command, argv = script_argv(script, MODEL=tiny_model_dir, DATA=data, OUT=str(tmp_path / "out"))
+    monkeypatch.chdir(tmp_path)
+    importlib.import_module(f"rlhfkit.cli.{command}").main(argv)
+    rows_logged = metrics(only_run(tmp_path))
+    assert [r["step"] for r in rows_logged if loss in r] == [1, 2]  # 8 samples / --train.batch_size 4
+    out = next((tmp_path / "out").iterdir())
+    assert (out / "config.json").is_file()  # --ckpt.output_dir got the HF model
+    manifest = json.loads((only_run(tmp_path) / "manifest.json").read_text())
+    flags = manifest.get("config") or manifest.get("flags") or {}
+    assert flags.get("packing_samples") is True and flags.get("gradient_checkpointing") is True, flags
+
+
+def test_grpo_script_runs(tiny_model_dir, rollout_vllm_engine, tmp_path, monkeypatch):
+    from rlhfkit.rl.ppo_trainer import train_ppo
+
+    prompts = write_jsonl([{"context_messages": r["input"]} for r in echo_rows(2, seed=4)], tmp_path / "p.jsonl")
+    command, argv = script_argv("train_dapo_ray_hybrid_engine.sh", MODEL=tiny_model_dir, DATA=prompts,
+                                REWARD_FUNC=str(RL_DIR / "letters_reward.py"), OUT=str(tmp_path / "out"))
+    monkeypatch.chdir(tmp_path)
+    cfg = parse_config(command, groups(command), argv)
+    assert (cfg.advantage_estimator, cfg.use_kl_loss, cfg.colocate_all_models, cfg.fsdp_enable_offload) == \
+        ("group_norm", True, True, True)
+    train_ppo(cfg, engines=[rollout_vllm_engine])
+    logged = metrics(only_run(tmp_path))
+    steps = [r for r in logged if "train/policy_loss" in r]
+    assert len(steps) == 1 and steps[0]["rollout/reward_mean"] >= 0  # 2 prompts x 8 samples = one 16-sample step
+    assert (tmp_path / "out" / "final" / "llama3-8b-rlhf" / "config.json").is_file()
