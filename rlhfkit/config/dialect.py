@@ -61,7 +61,6 @@ NO_COMMAND = {"interactive_chat": "rlhfkit has no interactive chat command: samp
 PPO_LOGGING = "ppo logs every step (one rollout per step); drop the flag (1 is accepted)"
 _RING = "ring attention (sequence parallelism) is not implemented: each sample is one rank's; 1 (off) is accepted"
 _VLM = "vision-language models are not supported (text-only data and models)"
-_MUON_ROLE = "rlhfkit has one set of Muon settings for both trained models: give them as the actor's (--actor.muon.lr)"
 _OFFLOAD_ROLE = "rlhfkit offloads the reference and reward models together: use --ref_reward_offload"
 
 # OpenRLHF 0.11's dotted names shared by its CLIs (train_sft, train_rm, train_dpo, train_ppo_ray, serve_rm, ...).
@@ -157,12 +156,10 @@ PPO: dict[str, Target] = {
     "actor.entropy_coef": "entropy_loss_coef", "critic.value_clip": "value_clip",
     "critic.freezing_steps": "freezing_actor_steps", "critic.save_value_network": "save_value_network",
     # per-role optimiser settings
-    "actor.optim": "optim", "critic.optim": Refused("the optimiser picked by --actor.optim trains both models; drop "
-                                                    "the flag"),
-    "actor.muon.lr": "muon_lr", "actor.muon.momentum": "muon_momentum", "actor.muon.ns_steps": "muon_ns_steps",
-    "actor.muon.nesterov": "muon_nesterov", "actor.muon.no_nesterov": "no-muon_nesterov",
-    **{f"critic.muon.{what}": Refused(_MUON_ROLE) for what in ("lr", "momentum", "ns_steps", "nesterov",
-                                                                "no_nesterov")},
+    **{f"{role}.optim": f"{role}_optim" for role in ("actor", "critic")},
+    **{f"{role}.muon.{what}": f"{role}_muon_{what}" for role in ("actor", "critic")
+       for what in ("lr", "momentum", "ns_steps", "nesterov")},
+    **{f"{role}.muon.no_nesterov": f"no-{role}_muon_nesterov" for role in ("actor", "critic")},
     **{f"{role}.{what}": f"{role}_{flat}" for role in ("actor", "critic")
        for what, flat in (("adam.lr", "learning_rate"), ("adam.betas", "adam_betas"), ("adam.eps", "adam_eps"),
                           ("adam.weight_decay", "l2"), ("lr_scheduler", "lr_scheduler"),

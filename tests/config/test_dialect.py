@@ -139,7 +139,8 @@ def test_nested_and_dotted_yaml_equal_flat_yaml(tmp_path):
     ("ppo", ["--ref.offload"], "use --ref_reward_offload"),
     ("ppo", ["--logger.logging_steps", "5"], "--logger.logging_steps is not supported by 'rlhfkit ppo' (5 given): "
                                              "ppo logs every step"),
-    ("ppo", ["--ckpt.best_metric_key", "x"], "not yet available: it means rlhfkit's best_metric_key"),
+    ("ppo", ["--ds.deepcompile"], "--ds.deepcompile (rlhfkit's --deepcompile) is not supported: DeepSpeed's "
+                                  "compiler is not used"),
     ("ppo", ["--data.image_key", "img"], "vision-language models are not supported"),
 ])
 def test_a_refused_dotted_flag_names_itself_and_the_reason(command, argv, message, tmp_path):
