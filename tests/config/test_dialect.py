@@ -196,6 +196,23 @@ def test_openrlhf_launch_scripts_parse_unchanged(name):
     assert n_flags >= 18  # the whole script, not a prefix of it
 
 
+def test_the_seed_ppo_command_means_what_todays_ppo_script_means():
+    """The seed README's PPO command (flat flags) and OpenRLHF 0.11's train_ppo_ray_hybrid_engine.sh (dotted) give the
+    same run wherever they say the same thing, so tests/e2e/test_openrlhf_scripts.py running the 0.11 script runs the
+    seed command too. (They differ where the scripts do: 0.11 budgets tokens per GPU and adds the IS correction.)"""
+    seed = parse_config("ppo", groups("ppo"), script_argv("seed_readme_ppo.sh", **PLACEHOLDERS)[1])
+    today = parse_config("ppo", groups("ppo"), script_argv("train_ppo_ray_hybrid_engine.sh", **PLACEHOLDERS)[1])
+    same = ["pretrain", "reward_pretrain", "save_path", "ckpt_path", "save_hf_ckpt", "train_batch_size",
+            "rollout_batch_size", "n_samples_per_prompt", "max_epochs", "max_samples", "zero_stage", "param_dtype",
+            "actor_learning_rate", "critic_learning_rate", "init_kl_coef", "prompt_data", "input_key",
+            "apply_chat_template", "normalize_reward", "gradient_checkpointing", "packing_samples",
+            "vllm_sync_backend", "enforce_eager", "vllm_enable_sleep", "fsdp_enable_offload", "colocate_all_models",
+            "advantage_estimator", "vllm_num_engines", "use_dynamic_batch"]
+    assert {k: getattr(seed, k) for k in same} == {k: getattr(today, k) for k in same}
+    assert (seed.advantage_estimator, seed.reward_pretrain, seed.fsdp_enable_offload) == ("gae", "tiny-rm", True)
+    assert (today.enable_vllm_is_correction, seed.enable_vllm_is_correction) == (True, False)
+
+
 def test_a_flash_attention_kernel_runs_as_sdpa_without_cuda(monkeypatch, caplog):
     """OpenRLHF's scripts pass --ds.attn_implementation flash_attention_2; without CUDA the same exact attention
     runs as sdpa, with one warning per kernel name."""

@@ -1,5 +1,6 @@
 """OpenRLHF 0.11's own launch scripts run at tiny scale (#13): examples/scripts/train_sft.sh, train_rm.sh,
-train_dpo_llama.sh and train_dapo_ray_hybrid_engine.sh (GRPO), their flags unchanged but for model names, data paths
+train_dpo_llama.sh, train_dapo_ray_hybrid_engine.sh (GRPO) and train_ppo_ray_hybrid_engine.sh (PPO with critic and
+reward model), their flags unchanged but for model names, data paths
 and sizes (tests/fixtures/openrlhf_scripts). Two optimizer steps each; the scripts' bf16, flash_attention_2, nccl and
 sleep flags take their CPU meaning (bf16 mixed precision, sdpa, gloo, no-op)."""
 
@@ -70,4 +71,24 @@ def test_grpo_script_runs(tiny_model_dir, rollout_vllm_engine, tmp_path, monkeyp
     logged = metrics(only_run(tmp_path))
     steps = [r for r in logged if "train/policy_loss" in r]
     assert len(steps) == 1 and steps[0]["rollout/reward_mean"] >= 0  # 2 prompts x 8 samples = one 16-sample step
+    assert (tmp_path / "out" / "final" / "llama3-8b-rlhf" / "config.json").is_file()
+
+
+def test_ppo_script_with_critic_and_reward_model_runs(tiny_model_dir, tiny_reward_model_dir, rollout_vllm_engine,
+                                                      tmp_path, monkeypatch):
+    """train_ppo_ray_hybrid_engine.sh: PPO with GAE, a critic, a reward model and a reference, all colocated with the
+    engine, packed, dotted flags only. The seed README's PPO command parses to the same run
+    (tests/config/test_dialect.py::test_the_seed_ppo_command_means_what_todays_ppo_script_means)."""
+    from rlhfkit.rl.ppo_trainer import train_ppo
+
+    prompts = write_jsonl([{"context_messages": r["input"]} for r in echo_rows(4, seed=5)], tmp_path / "p.jsonl")
+    command, argv = script_argv("train_ppo_ray_hybrid_engine.sh", MODEL=tiny_model_dir,
+                                REWARD_MODEL=tiny_reward_model_dir, DATA=prompts, OUT=str(tmp_path / "out"))
+    monkeypatch.chdir(tmp_path)
+    cfg = parse_config(command, groups(command), argv)
+    assert (cfg.advantage_estimator, cfg.reward_pretrain, cfg.packing_samples, cfg.colocate_all_models) == \
+        ("gae", tiny_reward_model_dir, True, True)
+    train_ppo(cfg, engines=[rollout_vllm_engine])
+    steps = [r for r in metrics(only_run(tmp_path)) if "train/policy_loss" in r]
+    assert len(steps) == 1 and steps[0]["train/critic_grad_norm"] > 0 and "rollout/kl" in steps[0]
     assert (tmp_path / "out" / "final" / "llama3-8b-rlhf" / "config.json").is_file()
