@@ -40,6 +40,9 @@ def conversation_pairs(n: int) -> list[dict]:
     ("train_sft.sh", [{"question": r["input"], "response": r["output"]} for r in echo_rows(8, seed=1)], "train/loss"),
     ("train_rm.sh", conversation_pairs(8), "train/loss"),
     ("train_dpo_llama.sh", conversation_pairs(8), "train/loss"),
+    ("seed_readme_sft.sh", [{"question": r["input"], "response": r["output"]} for r in echo_rows(8, seed=1)],
+     "train/loss"),  # the seed README's commands, flat flags
+    ("seed_readme_rm.sh", conversation_pairs(8), "train/loss"),
 ])
 def test_offline_scripts_run(script, rows, loss, tiny_model_dir, tmp_path, monkeypatch):
     import importlib
