@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from rlhfkit.config.validate import require, validate_common
@@ -16,6 +17,7 @@ from rlhfkit.data.readers import blend_datasets
 from rlhfkit.engine.distributed import DistInfo, init_distributed, shutdown_distributed
 from rlhfkit.engine.precision import apply_precision
 from rlhfkit.engine.train_engine import TrainEngine
+from rlhfkit.models.context_parallel import gather_sequence, local_slice, ring_group, shard_forward_kwargs
 from rlhfkit.models.loading import load_tokenizer
 from rlhfkit.models.logprobs import log_probs_from_logits
 from rlhfkit.observability.report import write_report
@@ -27,9 +29,19 @@ log = logging.getLogger("rlhfkit")
 
 
 def target_log_probs(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(x_t | x_<t) for t >= 1 and the matching loss mask, both [B, T-1] (float32), on the model's device."""
+    """log p(x_t | x_<t) for t >= 1 and the matching loss mask, both [B, T-1] (float32), on the model's device.
+
+    With --ring_attn_size N each rank of a ring group runs the model on its chunk of the sequence and the chunks'
+    log-probs are all-gathered, so every rank returns the whole [B, T-1] (rlhfkit.models.context_parallel)."""
     device = next(model.parameters()).device
     batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    ring = ring_group()
+    if ring is not None:  # --ring_attn_size: this rank's chunk, its next tokens, gathered over the ring group
+        ids = batch["input_ids"]
+        logits = model(**shard_forward_kwargs(model_inputs(batch), ring)).logits
+        labels = local_slice(F.pad(ids[:, 1:], (0, 1)), ring)  # the token after each position of the chunk
+        log_probs = gather_sequence(log_probs_from_logits(logits.float(), labels), ids.shape[1] - 1, ring)
+        return log_probs, batch["loss_mask"][:, 1:].to(log_probs.dtype)
     logits = model(**model_inputs(batch)).logits[:, :-1]
     log_probs = log_probs_from_logits(logits.float(), batch["input_ids"][:, 1:])
     return log_probs, batch["loss_mask"][:, 1:].to(log_probs.dtype)
