@@ -17,7 +17,16 @@ from rlhfkit.data.readers import blend_datasets
 from rlhfkit.engine.distributed import DistInfo, init_distributed, shutdown_distributed
 from rlhfkit.engine.precision import apply_precision
 from rlhfkit.engine.train_engine import TrainEngine
-from rlhfkit.models.context_parallel import gather_sequence, local_slice, ring_group, shard_forward_kwargs
+from rlhfkit.errors import ConfigError
+from rlhfkit.models.context_parallel import (
+    data_parallel_coords,
+    gather_sequence,
+    local_slice,
+    ring_group,
+    setup_ring_attention,
+    shard_forward_kwargs,
+    teardown_ring_attention,
+)
 from rlhfkit.models.loading import load_tokenizer
 from rlhfkit.models.logprobs import log_probs_from_logits
 from rlhfkit.observability.report import write_report
@@ -68,6 +77,7 @@ def run_offline_command(
     validate_common(cfg)
     dist_info = init_distributed()
     try:
+        setup_context_parallel(cfg)
         torch.manual_seed(cfg.seed)
         if cfg.full_determinism:
             torch.use_deterministic_algorithms(True)
@@ -83,7 +93,7 @@ def run_offline_command(
         if cfg.eval_dataset:
             eval_samples, eval_stats = build_samples(cfg, tokenizer, load_split(cfg, cfg.eval_dataset, cfg.eval_split))
             log.info("eval data: %s", eval_stats)
-        plan = plan_steps(cfg, len(train_samples), dist_info.world_size)
+        plan = plan_steps(cfg, len(train_samples), data_parallel_coords(dist_info.rank, dist_info.world_size)[1])
         engine = TrainEngine(load_model(cfg, dist_info), cfg, dist_info, plan.total_steps)
         method = build_method(cfg, tokenizer, dist_info)
         result = train_offline(cfg, dist_info, engine, tokenizer, method, train_samples, plan, eval_samples,
@@ -95,4 +105,18 @@ def run_offline_command(
             print("\n".join(summary_lines(summarize_run(cfg.run_dir))), flush=True)
         return result
     finally:
+        teardown_ring_attention()
         shutdown_distributed()
+
+
+def setup_context_parallel(cfg: Any) -> None:
+    """--ring_attn_size / --ring_head_stride: the ring groups (rlhfkit.models.context_parallel); refuses the flags
+    that do not compose with it."""
+    size = getattr(cfg, "ring_attn_size", 1)
+    if size > 1 and getattr(cfg, "aux_loss_coef", 0.0):
+        raise ConfigError(f"--aux_loss_coef with --ring_attn_size {size}: the router loss would be computed on each "
+                          "rank's chunk of the sequence, not on the whole sequence; use one of the two")
+    ring = setup_ring_attention(size, getattr(cfg, "ring_head_stride", 1))
+    if ring is not None:
+        log.info("context parallel: ring groups of %d ranks (all-gather attention, head stride %d)", ring.size,
+                 ring.head_stride)

@@ -75,3 +75,20 @@ def test_ring_size_must_divide_the_world_size(monkeypatch):
     assert cp.setup_ring_attention(1) is None and cp.ring_group() is None
     with pytest.raises(Exception, match="--ring_head_stride"):
         cp.setup_ring_attention(2, head_stride=0)
+
+
+@pytest.mark.parametrize("command", ["ppo", "kd", "prm"])
+def test_commands_without_context_parallel_refuse_the_ring_flags(command):
+    import importlib
+
+    from rlhfkit.config.parse import parse_config
+    from rlhfkit.errors import ConfigError
+
+    groups = importlib.import_module(f"rlhfkit.cli.{command}").GROUPS
+    for argv in (["--ring_attn_size", "2"], ["--ring_head_stride", "2"]):
+        with pytest.raises(ConfigError, match=f"{argv[0]} is not supported by 'rlhfkit {command}'.*not for {command}"):
+            parse_config(command, groups, argv)
+    from rlhfkit.cli.sft import GROUPS
+
+    cfg = parse_config("sft", GROUPS, ["--ring_attn_size", "2", "--ring_head_stride", "2"])
+    assert (cfg.ring_attn_size, cfg.ring_head_stride) == (2, 2)
