@@ -190,14 +190,15 @@ EFFECTS: dict[str, Effect] = {
     "eval_steps": _t("evaluate every N steps instead of at each epoch's end", _SHORT_RUN),
     # ---- context parallel (rlhfkit.models.context_parallel; docs/parallelism.md)
     "ring_attn_size": _t("each sequence split over N ranks (world = data parallel x N): loss and gradients of 2 gloo "
-                         "ranks equal the unsharded forward's (padded, packed, GQA, RM head); sft/dpo/rm runs on 2 "
+                         "ranks equal the unsharded forward's (padded, packed, GQA, RM head); sft/dpo/rm/kto runs on 2 "
                          "ranks reproduce the 1-rank losses and grad norms; a size not dividing the world is refused",
                          _RING + "test_ring_size_must_divide_the_world_size",
                          _RING_E2E + "test_sft_ring_attn_size_2_reproduces_one_rank",
-                         _RING_E2E + "test_dpo_and_rm_ring_attn_size_2_reproduce_one_rank"),
+                         _RING_E2E + "test_dpo_rm_kto_ring_attn_size_2_reproduce_one_rank"),
     "ring_head_stride": _t("KV heads gathered per step: stride 1 and 2 give the unsharded result; a stride not "
-                           "dividing the KV heads is refused",
+                           "dividing the KV heads, or one without --ring_attn_size > 1, is refused",
                            _RING + "test_ring_attention_over_two_ranks_equals_the_unsharded_forward",
+                           _RING + "test_ring_size_must_divide_the_world_size",
                            _RING_E2E + "test_sft_ring_attn_size_2_reproduces_one_rank"),
     **{f"{command}:{flag}": _t("refused with the reason (context parallel covers sft, rm, dpo and kto)",
                                _RING + "test_commands_without_context_parallel_refuse_the_ring_flags")

@@ -71,6 +71,9 @@ def setup_ring_attention(ring_size: int, head_stride: int = 1) -> RingGroup | No
         raise ConfigError(f"--ring_attn_size ({ring_size}) and --ring_head_stride ({head_stride}) must be >= 1")
     _RING = None
     if ring_size == 1:
+        if head_stride != 1:
+            raise ConfigError(f"--ring_head_stride {head_stride} acts only with --ring_attn_size > 1: set both or "
+                              "drop --ring_head_stride")
         return None
     world = dist.get_world_size() if dist.is_initialized() else 1
     if world % ring_size:

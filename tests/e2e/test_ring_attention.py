@@ -1,4 +1,4 @@
-"""End-to-end context parallel: `rlhfkit sft|dpo|rm --ring_attn_size 2` on 2 torchrun ranks (1 data parallel x 2
+"""End-to-end context parallel: `rlhfkit sft|dpo|rm|kto --ring_attn_size 2` on 2 torchrun ranks (1 data parallel x 2
 ring ranks, gloo) reproduces the 1-rank run: the first step's loss and gradient norm (the whole gradient, through
 the loop's normaliser and FSDP2's averaging), and the next steps' losses (fp32)."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlhfkit.config.parse import flags_to_argv
-from rlhfkit.data.synthetic import echo_rows, preference_rows, write_jsonl
+from rlhfkit.data.synthetic import echo_rows, preference_rows, unpaired_rows, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -59,13 +59,14 @@ def test_sft_ring_attn_size_2_reproduces_one_rank(tiny_model_dir, tmp_path):
     compare(one, ring, 1e-5)
 
 
-@pytest.mark.parametrize("command", ["dpo", "rm"])
-def test_dpo_and_rm_ring_attn_size_2_reproduce_one_rank(tiny_model_dir, tiny_reward_model_dir, tmp_path, command):
-    data = write_jsonl(preference_rows(8, seed=1), tmp_path / "train.jsonl")
-    flags = {"pretrain": tiny_model_dir if command == "dpo" else tiny_reward_model_dir, "dataset": data,
-             "prompt_key": "prompt", "max_len": 48, "train_batch_size": 4, "micro_train_batch_size": 2,
-             "max_epochs": 1, "learning_rate": 1e-2, "lr_warmup_ratio": 0.0, "seed": 3, "param_dtype": "fp32",
-             "packing_samples": command == "dpo"}  # dpo packed (and its reference precompute), rm padded
+@pytest.mark.parametrize("command", ["dpo", "rm", "kto"])
+def test_dpo_rm_kto_ring_attn_size_2_reproduce_one_rank(tiny_model_dir, tiny_reward_model_dir, tmp_path, command):
+    rows, keys = (unpaired_rows(8, seed=1), {"output_key": "output"}) if command == "kto" else \
+        (preference_rows(8, seed=1), {"prompt_key": "prompt"})
+    flags = {"pretrain": tiny_reward_model_dir if command == "rm" else tiny_model_dir, **keys,
+             "dataset": write_jsonl(rows, tmp_path / "train.jsonl"), "max_len": 48, "train_batch_size": 4,
+             "micro_train_batch_size": 2, "max_epochs": 1, "learning_rate": 1e-2, "lr_warmup_ratio": 0.0, "seed": 3,
+             "param_dtype": "fp32", "packing_samples": command != "rm"}  # rm padded; dpo/kto packed + ref precompute
     one = run(command, 1, {**flags, "run_dir": str(tmp_path / "one"), "save_path": str(tmp_path / "hf1")})
     ring = run(command, 2, {**flags, "ring_attn_size": 2, "run_dir": str(tmp_path / "ring"),
                             "save_path": str(tmp_path / "hf2")})

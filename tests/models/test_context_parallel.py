@@ -75,6 +75,8 @@ def test_ring_size_must_divide_the_world_size(monkeypatch):
     assert cp.setup_ring_attention(1) is None and cp.ring_group() is None
     with pytest.raises(Exception, match="--ring_head_stride"):
         cp.setup_ring_attention(2, head_stride=0)
+    with pytest.raises(Exception, match="--ring_head_stride 2 acts only with --ring_attn_size > 1"):
+        cp.setup_ring_attention(1, head_stride=2)
 
 
 @pytest.mark.parametrize("command", ["ppo", "kd", "prm"])
