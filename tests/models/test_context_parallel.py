@@ -77,6 +77,12 @@ def test_ring_size_must_divide_the_world_size(monkeypatch):
         cp.setup_ring_attention(2, head_stride=0)
     with pytest.raises(Exception, match="--ring_head_stride 2 acts only with --ring_attn_size > 1"):
         cp.setup_ring_attention(1, head_stride=2)
+    from types import SimpleNamespace
+
+    from rlhfkit.trainers.common import setup_context_parallel
+
+    with pytest.raises(Exception, match="--aux_loss_coef with --ring_attn_size 2"):  # router loss is per sequence
+        setup_context_parallel(SimpleNamespace(ring_attn_size=2, ring_head_stride=1, aux_loss_coef=0.01))
 
 
 @pytest.mark.parametrize("command", ["ppo", "kd", "prm"])
