@@ -8,7 +8,7 @@ name to one of:
 - `"flag"`: rlhfkit's `--flag` with the same meaning; the value(s) follow unchanged (a switch stays a switch);
 - `"flag=value"`: an OpenRLHF switch that means `--flag value` here (`--vllm.sync_with_ray`);
 - `Only(value, reason)`: accepted (and dropped) only with the value that is what rlhfkit does anyway
-  (`--ds.ring_attn_size 1`); any other value is refused with the reason;
+  (`--data.dataloader_num_workers 0`); any other value is refused with the reason;
 - `Refused(reason)`: a DeepSpeed-only knob or something rlhfkit lacks; refused with the reason;
 - `BUDGET`: ppo's `--data.max_len L` (prompt + response <= L), see `Budget`.
 
@@ -59,7 +59,8 @@ NO_COMMAND = {"interactive_chat": "rlhfkit has no interactive chat command: samp
                                   "or load the saved HF folder in vLLM or transformers"}
 
 PPO_LOGGING = "ppo logs every step (one rollout per step); drop the flag (1 is accepted)"
-_RING = "ring attention (sequence parallelism) is not implemented: each sample is one rank's; 1 (off) is accepted"
+_RING_PPO = ("ring attention is implemented for sft, rm, dpo and kto, not yet for ppo's workers "
+             "(docs/parallelism.md): each sample is one rank's; 1 (off) is accepted")
 _VLM = "vision-language models are not supported (text-only data and models)"
 _OFFLOAD_ROLE = "rlhfkit offloads the reference and reward models together: use --ref_reward_offload"
 
@@ -84,7 +85,7 @@ COMMON: dict[str, Target] = {
     "ds.adam_offload": "adam_offload", "ds.attn_implementation": "attn_implementation",
     "ds.experts_implementation": Refused("mixture-of-experts layers run transformers' default expert kernels; "
                                          "drop the flag"),
-    "ds.ring_attn_size": Only(1, _RING), "ds.ring_attn_head_stride": Only(1, _RING),
+    "ds.ring_attn_size": "ring_attn_size", "ds.ring_attn_head_stride": "ring_head_stride",
     "ds.load_in_4bit": "load_in_4bit", "ds.lora.rank": "lora_rank", "ds.lora.alpha": "lora_alpha",
     "ds.lora.target_modules": "target_modules", "ds.lora.dropout": "lora_dropout",
     "ds.packing_samples": "packing_samples", "ds.value_head_prefix": "value_head_prefix",
@@ -110,6 +111,7 @@ COMMON: dict[str, Target] = {
 
 # train_ppo_ray's own names (and those whose meaning differs there).
 PPO: dict[str, Target] = {
+    "ds.ring_attn_size": Only(1, _RING_PPO), "ds.ring_attn_head_stride": Only(1, _RING_PPO),
     **{f"{role}.{what}": f"{role}_{what}" for role in ("actor", "ref", "critic", "reward")
        for what in ("num_nodes", "num_gpus_per_node")},
     "train.colocate_actor_ref": "colocate_actor_ref", "train.colocate_critic_reward": "colocate_critic_reward",
@@ -168,9 +170,7 @@ PPO: dict[str, Target] = {
 }
 
 # Seed-era flat names that rlhfkit spells differently or refuses (all commands, then per command).
-SEED: dict[str, Target] = {
-    "ring_attn_size": Only(1, _RING), "ring_head_stride": Only(1, _RING),
-}
+SEED: dict[str, Target] = {}
 SEED_BY_COMMAND: dict[str, dict[str, Target]] = {
     "ppo": {
         "enable_ema": "enable_ema", "ema_beta": "ema_beta",  # not yet available where no such flag exists

@@ -66,6 +66,8 @@ _PPO_SAVE = _PPO + "test_checkpoint_and_save_flags_direct_the_workers"
 _RUNS = "tests/observability/test_runs_compare.py::"
 _BEST = "tests/trainers/test_best_checkpoint.py::"
 _EMA = "tests/engine/test_ema.py::"
+_RING = "tests/models/test_context_parallel.py::"
+_RING_E2E = "tests/e2e/test_ring_attention.py::"
 
 _CUDA_ONLY = ("FSDP2's CPUOffloadPolicy is applied on CUDA only; on a CPU machine parameters, gradients and optimizer "
               "state already live in host memory, so the flag is accepted and changes nothing there")
@@ -188,6 +190,21 @@ EFFECTS: dict[str, Effect] = {
     "full_determinism": _t("torch.use_deterministic_algorithms(True) during training", _SCAFFOLD),
     "ppo:full_determinism": _t("refused with the reason (not implemented for the Ray workers)", _REFUSED_PPO),
     "eval_steps": _t("evaluate every N steps instead of at each epoch's end", _SHORT_RUN),
+    # ---- context parallel (rlhfkit.models.context_parallel; docs/parallelism.md)
+    "ring_attn_size": _t("each sequence split over N ranks (world = data parallel x N): loss and gradients of 2 gloo "
+                         "ranks equal the unsharded forward's (padded, packed, GQA, RM head); sft/dpo/rm/kto runs on 2 "
+                         "ranks reproduce the 1-rank losses and grad norms; a size not dividing the world is refused",
+                         _RING + "test_ring_size_must_divide_the_world_size",
+                         _RING_E2E + "test_sft_ring_attn_size_2_reproduces_one_rank",
+                         _RING_E2E + "test_dpo_rm_kto_ring_attn_size_2_reproduce_one_rank"),
+    "ring_head_stride": _t("KV heads gathered per step: stride 1 and 2 give the unsharded result; a stride not "
+                           "dividing the KV heads, or one without --ring_attn_size > 1, is refused",
+                           _RING + "test_ring_attention_over_two_ranks_equals_the_unsharded_forward",
+                           _RING + "test_ring_size_must_divide_the_world_size",
+                           _RING_E2E + "test_sft_ring_attn_size_2_reproduces_one_rank"),
+    **{f"{command}:{flag}": _t("refused with the reason (context parallel covers sft, rm, dpo and kto)",
+                               _RING + "test_commands_without_context_parallel_refuse_the_ring_flags")
+       for command in ("ppo", "kd", "prm") for flag in ("ring_attn_size", "ring_head_stride")},
     "ppo:eval_steps": _t("evaluate every N steps", _OLD_LP + "test_reused_old_log_probs_give_the_same_run"),
     # ---- checkpoints
     "save_path": _t("where the final HF folder is written", _SHORT_RUN),

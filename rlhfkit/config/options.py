@@ -90,6 +90,12 @@ class TrainOptions:
     seed: int = opt(42, "random seed (data order, init, sampling)")
     full_determinism: bool = opt(False, "torch.use_deterministic_algorithms(True)")
     eval_steps: int = opt(-1, "evaluate every N steps (-1: at the end of each epoch)")
+    ring_attn_size: int = opt(1, "context parallel: split every sequence across this many ranks (a ring group; "
+                                 "world = data parallel x ring size); all-gather (llama3) attention in pure torch, "
+                                 "padded or packed; sft, rm, dpo, kto (docs/parallelism.md)")
+    ring_head_stride: int = opt(1, "with --ring_attn_size > 1: key/value heads gathered and attended per step "
+                                   "(must divide the model's KV heads); same result, trades message count for "
+                                   "buffer size")
 
 
 @dataclass

@@ -16,6 +16,7 @@ from rlhfkit.engine.distributed import DistInfo
 from rlhfkit.engine.ema import EMA
 from rlhfkit.engine.fsdp import shard_model
 from rlhfkit.engine.optim import build_scheduler, make_optimizer
+from rlhfkit.models.context_parallel import ring_group, use_ring_attention
 
 
 class TrainEngine:
@@ -32,6 +33,8 @@ class TrainEngine:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": cfg.gradient_checkpointing_use_reentrant})
             model.config.use_cache = False
+        if ring_group() is not None:  # --ring_attn_size > 1: sequences split over the ring group
+            use_ring_attention(model)
         self.model = shard_model(model, zero_stage=cfg.zero_stage, device=dist_info.device,
                                  param_dtype=cfg.param_dtype, cpu_offload=cfg.adam_offload)
         self.aux_loss_coef = float(getattr(cfg, "aux_loss_coef", 0.0) or 0.0)

@@ -28,6 +28,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from rlhfkit.models.context_parallel import gather_sequence, ring_group, shard_forward_kwargs
 from rlhfkit.models.gguf_cache import convert_gguf_cached
 from rlhfkit.models.positions import last_token_index
 from rlhfkit.models.positions import position_ids as default_position_ids
@@ -294,8 +295,9 @@ def head_values(model: torch.nn.Module, **forward_kwargs: Any) -> torch.Tensor:
     head = _score_module(model)
     captured: list[torch.Tensor] = []
     handle = head.register_forward_hook(lambda _mod, _inp, out: captured.append(out))
+    ring = ring_group()  # --ring_attn_size: this rank's chunk, values gathered over the ring group
     try:
-        out = model(**forward_kwargs)
+        out = model(**(shard_forward_kwargs(forward_kwargs, ring) if ring is not None else forward_kwargs))
     finally:
         handle.remove()
     if len(captured) != 1:
@@ -306,7 +308,7 @@ def head_values(model: torch.nn.Module, **forward_kwargs: Any) -> torch.Tensor:
         # keep the forward's own output in the graph: FSDP2 re-gathers a resharded root (--zero_stage 3, the
         # score head's weight) in a hook on that output's gradient, which the captured values alone would skip
         values = values + 0.0 * logits.float().sum()
-    return values
+    return gather_sequence(values, forward_kwargs["input_ids"].shape[1], ring) if ring is not None else values
 
 
 def _score_module(model: torch.nn.Module) -> torch.nn.Module:

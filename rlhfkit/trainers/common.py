@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from rlhfkit.config.validate import require, validate_common
@@ -16,6 +17,16 @@ from rlhfkit.data.readers import blend_datasets
 from rlhfkit.engine.distributed import DistInfo, init_distributed, shutdown_distributed
 from rlhfkit.engine.precision import apply_precision
 from rlhfkit.engine.train_engine import TrainEngine
+from rlhfkit.errors import ConfigError
+from rlhfkit.models.context_parallel import (
+    data_parallel_coords,
+    gather_sequence,
+    local_slice,
+    ring_group,
+    setup_ring_attention,
+    shard_forward_kwargs,
+    teardown_ring_attention,
+)
 from rlhfkit.models.loading import load_tokenizer
 from rlhfkit.models.logprobs import log_probs_from_logits
 from rlhfkit.observability.report import write_report
@@ -27,9 +38,19 @@ log = logging.getLogger("rlhfkit")
 
 
 def target_log_probs(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(x_t | x_<t) for t >= 1 and the matching loss mask, both [B, T-1] (float32), on the model's device."""
+    """log p(x_t | x_<t) for t >= 1 and the matching loss mask, both [B, T-1] (float32), on the model's device.
+
+    With --ring_attn_size N each rank of a ring group runs the model on its chunk of the sequence and the chunks'
+    log-probs are all-gathered, so every rank returns the whole [B, T-1] (rlhfkit.models.context_parallel)."""
     device = next(model.parameters()).device
     batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    ring = ring_group()
+    if ring is not None:  # --ring_attn_size: this rank's chunk, its next tokens, gathered over the ring group
+        ids = batch["input_ids"]
+        logits = model(**shard_forward_kwargs(model_inputs(batch), ring)).logits
+        labels = local_slice(F.pad(ids[:, 1:], (0, 1)), ring)  # the token after each position of the chunk
+        log_probs = gather_sequence(log_probs_from_logits(logits.float(), labels), ids.shape[1] - 1, ring)
+        return log_probs, batch["loss_mask"][:, 1:].to(log_probs.dtype)
     logits = model(**model_inputs(batch)).logits[:, :-1]
     log_probs = log_probs_from_logits(logits.float(), batch["input_ids"][:, 1:])
     return log_probs, batch["loss_mask"][:, 1:].to(log_probs.dtype)
@@ -56,6 +77,7 @@ def run_offline_command(
     validate_common(cfg)
     dist_info = init_distributed()
     try:
+        setup_context_parallel(cfg)
         torch.manual_seed(cfg.seed)
         if cfg.full_determinism:
             torch.use_deterministic_algorithms(True)
@@ -71,7 +93,7 @@ def run_offline_command(
         if cfg.eval_dataset:
             eval_samples, eval_stats = build_samples(cfg, tokenizer, load_split(cfg, cfg.eval_dataset, cfg.eval_split))
             log.info("eval data: %s", eval_stats)
-        plan = plan_steps(cfg, len(train_samples), dist_info.world_size)
+        plan = plan_steps(cfg, len(train_samples), data_parallel_coords(dist_info.rank, dist_info.world_size)[1])
         engine = TrainEngine(load_model(cfg, dist_info), cfg, dist_info, plan.total_steps)
         method = build_method(cfg, tokenizer, dist_info)
         result = train_offline(cfg, dist_info, engine, tokenizer, method, train_samples, plan, eval_samples,
@@ -83,4 +105,18 @@ def run_offline_command(
             print("\n".join(summary_lines(summarize_run(cfg.run_dir))), flush=True)
         return result
     finally:
+        teardown_ring_attention()
         shutdown_distributed()
+
+
+def setup_context_parallel(cfg: Any) -> None:
+    """--ring_attn_size / --ring_head_stride: the ring groups (rlhfkit.models.context_parallel); refuses the flags
+    that do not compose with it."""
+    size = getattr(cfg, "ring_attn_size", 1)
+    if size > 1 and getattr(cfg, "aux_loss_coef", 0.0):
+        raise ConfigError(f"--aux_loss_coef with --ring_attn_size {size}: the router loss would be computed on each "
+                          "rank's chunk of the sequence, not on the whole sequence; use one of the two")
+    ring = setup_ring_attention(size, getattr(cfg, "ring_head_stride", 1))
+    if ring is not None:
+        log.info("context parallel: ring groups of %d ranks (all-gather attention, head stride %d)", ring.size,
+                 ring.head_stride)

@@ -29,6 +29,7 @@ from rlhfkit.engine.checkpoint import load_checkpoint, save_checkpoint, save_hf_
 from rlhfkit.engine.distributed import DistInfo, all_reduce_sum, barrier
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.errors import ConfigError
+from rlhfkit.models.context_parallel import data_parallel_coords
 from rlhfkit.observability.console import print_derived_table, progress_bar
 from rlhfkit.observability.metrics import MetricsLogger, merge_metrics
 from rlhfkit.observability.run import record_resume
@@ -129,7 +130,8 @@ def evaluate(engine: TrainEngine, method: OfflineMethod, samples: list[Sample], 
              micro: int) -> dict[str, float]:
     """Global weighted mean of the loss (and method metrics) over the eval set, sharded across ranks."""
     engine.eval()
-    indices = list(range(len(samples)))[dist_info.rank::dist_info.world_size]
+    dp_rank, dp_world = data_parallel_coords(dist_info.rank, dist_info.world_size)  # a ring group shares samples
+    indices = list(range(len(samples)))[dp_rank::dp_world]
     sums: dict[str, float] = {}
     weight = 0.0
     for start in range(0, len(indices), micro):
@@ -150,7 +152,11 @@ def train_offline(cfg: Any, dist_info: DistInfo, engine: TrainEngine, tokenizer:
                   data_stats: dict[str, Any] | None = None, extra_config: dict[str, Any] | None = None,
                   ) -> dict[str, Any]:
     """Run the whole training; returns the last train and eval metrics."""
-    world, rank = dist_info.world_size, dist_info.rank
+    world = dist_info.world_size
+    # --ring_attn_size N: the N ranks of a ring group take the same micro-batches (each one chunk of every
+    # sequence) and compute the same loss; every sample then weighs N times in train_step's global weight, which
+    # cancels the N-fold gradient the replicated loss sends back (rlhfkit.models.context_parallel)
+    dp_rank, dp_world = data_parallel_coords(dist_info.rank, world)
     tokens_per_step = sum(method.tokens(s) for s in train_samples) / max(1, len(train_samples)) * cfg.train_batch_size
     if dist_info.is_main:
         print_derived_table(f"rlhfkit {cfg.command}", {
@@ -161,6 +167,8 @@ def train_offline(cfg: Any, dist_info: DistInfo, engine: TrainEngine, tokenizer:
             "precision": cfg.precision.summary() if hasattr(cfg, "precision") else cfg.param_dtype,
             "dropped per epoch (incomplete batch)": len(train_samples) - plan.steps_per_epoch * cfg.train_batch_size,
             **{f"data: {k}": v for k, v in (data_stats or {}).items()},
+            **({"ring size x data parallel": f"{world // dp_world} x {dp_world}"}
+               if dp_world < world else {}),
             "run dir": cfg.run_dir})
     global_step, start_epoch, start_in_epoch = 0, 0, 0
     best = tracker_for(cfg, "eval/loss", bool(eval_samples))  # --best_metric_key
@@ -191,11 +199,11 @@ def train_offline(cfg: Any, dist_info: DistInfo, engine: TrainEngine, tokenizer:
         for step_in_epoch in range(first, plan.steps_per_epoch):
             began = time.perf_counter()
             global_batch = order[step_in_epoch * cfg.train_batch_size:(step_in_epoch + 1) * cfg.train_batch_size]
-            micro = rank_micro_batches(global_batch, rank, world, cfg.micro_train_batch_size)
+            micro = rank_micro_batches(global_batch, dp_rank, dp_world, cfg.micro_train_batch_size)
             metrics, tokens = train_step(engine, method, train_samples, micro, world)
             global_step += 1
             seconds = time.perf_counter() - began
-            metrics["tokens_per_s"] = float(all_reduce_sum(tokens)) / seconds
+            metrics["tokens_per_s"] = float(all_reduce_sum(tokens)) / (world // dp_world) / seconds
             metrics["step_seconds"] = seconds
             metrics["epoch"] = epoch
             last = {f"train/{k}": v for k, v in metrics.items()}

@@ -21,6 +21,7 @@ from rlhfkit.algorithms.preference import sequence_log_probs
 from rlhfkit.data.collate import collate_packed, collate_padded, is_packed
 from rlhfkit.engine.distributed import DistInfo, init_distributed
 from rlhfkit.engine.fsdp import shard_model
+from rlhfkit.models.context_parallel import data_parallel_coords, ring_group, use_ring_attention
 from rlhfkit.models.loading import load_causal_lm
 from rlhfkit.trainers.common import target_log_probs
 
@@ -59,8 +60,9 @@ def map_sharded(samples: Sequence[Any], micro: int, fn: Callable[[list[Any]], li
         return []
     rank = dist_info.rank if dist_info else (dist.get_rank() if dist.is_initialized() else 0)
     world = dist_info.world_size if dist_info else (dist.get_world_size() if dist.is_initialized() else 1)
+    dp_rank, dp_world = data_parallel_coords(rank, world)  # --ring_attn_size: a ring group maps the same chunks
     results: dict[int, Any] = {}
-    for idx in shard_chunks(len(samples), rank, world, micro):
+    for idx in shard_chunks(len(samples), dp_rank, dp_world, micro):
         out = fn([samples[i] for i in idx] or [samples[0]])
         results.update(zip(idx, out))
     if world > 1:
@@ -76,6 +78,8 @@ def load_frozen_causal_lm(spec: str, cfg: Any, dist_info: DistInfo, offload: boo
     model = load_causal_lm(spec, attn_implementation=cfg.attn_implementation)
     model.requires_grad_(False)
     model.eval()
+    if ring_group() is not None:
+        use_ring_attention(model)
     return shard_model(model, zero_stage=3, device=dist_info.device, param_dtype=cfg.param_dtype, cpu_offload=offload)
 
 

@@ -131,8 +131,8 @@ def test_nested_and_dotted_yaml_equal_flat_yaml(tmp_path):
 @pytest.mark.parametrize(("command", "argv", "message"), [
     ("sft", ["--ds.zpg", "2"], "--ds.zpg (rlhfkit's --zpg) is not supported: ZeRO++ partition groups are "
                                  "DeepSpeed-only"),
-    ("sft", ["--ds.ring_attn_size", "2"], "--ds.ring_attn_size is not supported by 'rlhfkit sft' (2 given): ring "
-                                          "attention"),
+    ("ppo", ["--ds.ring_attn_size", "2"], "--ds.ring_attn_size is not supported by 'rlhfkit ppo' (2 given): ring "
+                                          "attention is implemented for sft, rm, dpo and kto"),
     ("sft", ["--ds.enable_sleep"], "--ds.enable_sleep (rlhfkit's --deepspeed_enable_sleep) is not supported: only "
                                    "ppo has phases"),
     ("ppo", ["--train.partial_rollout_enable"], "--train.partial_rollout_enable is not supported: partial rollouts"),
