@@ -12,6 +12,7 @@ from ppo_helpers import run, series
 
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
 from rlhfkit.errors import ConfigError
+from rlhfkit.rl.setup import lora_engine_rank
 from rlhfkit.rl.sync_check import FP32_BOUND
 from rlhfkit.rollout.lora_sync import (
     adapter_config,
@@ -43,6 +44,24 @@ def test_resolve_lora_sync_picks_adapter_only_where_the_engines_serve_the_rank()
     assert [engine_max_lora_rank(r) for r in (1, 2, 8, 9, 64, 300)] == [1, 8, 8, 16, 64, 320]
     with pytest.raises(ConfigError, match="--lora_rank 600"):
         engine_max_lora_rank(600)
+    # the engines a run creates get LoRA support exactly when an adapter sync may be used
+    assert lora_engine_rank(_cfg()) == 8 and lora_engine_rank(_cfg(lora_rank=12)) == 16
+    assert lora_engine_rank(_cfg(lora_sync="merged")) == lora_engine_rank(_cfg(load_in_4bit=True)) == 0
+    assert lora_engine_rank(_cfg(lora_rank=0)) == 0
+
+
+def test_lora_sync_adapter_that_cannot_work_stops_before_ray(tiny_model_dir, tmp_path):
+    from rlhfkit.config.parse import flags_to_argv, parse_config
+    from rlhfkit.config.rl_options import RL_GROUPS
+    from rlhfkit.rl.setup import validate_rl
+
+    flags = {"pretrain": tiny_model_dir, "prompt_data": "x.jsonl", "remote_rm_url": "r.py", "lora_sync": "adapter"}
+    with pytest.raises(ConfigError, match="--lora_sync adapter cannot work here: --lora_rank is 0"):
+        validate_rl(parse_config("ppo", RL_GROUPS, flags_to_argv(flags)))
+    flags.update(lora_rank=8, rollout_backend="hf")
+    with pytest.raises(ConfigError, match="--rollout_backend hf .only vLLM engines serve LoRA"):
+        validate_rl(parse_config("ppo", RL_GROUPS, flags_to_argv(flags)))
+    validate_rl(parse_config("ppo", RL_GROUPS, flags_to_argv({**flags, "rollout_backend": "vllm"})))
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +84,7 @@ def _random_adapter(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
 
 
+@pytest.mark.slow
 def test_adapter_sync_matches_the_lora_trainer_and_sends_only_the_adapter(lora_engine, tiny_model_dir, tokenizer):
     from rlhfkit.models.loading import load_causal_lm
     from rlhfkit.models.logprobs import response_log_probs
@@ -98,6 +118,7 @@ def test_adapter_sync_matches_the_lora_trainer_and_sends_only_the_adapter(lora_e
     assert max(abs(a - b) for a, b in zip(scored, samples[0].response_logprobs)) < 1e-4
 
 
+@pytest.mark.slow
 def test_ppo_lora_run_syncs_the_adapter_only(lora_engine, tiny_model_dir, tmp_path):
     """`ppo --lora_rank 8 --lora_sync adapter` on a LoRA engine: every step's rollouts come from the trained adapter
     (the engine-vs-trainer log-prob diff stays at fp32 noise) and each sync moves the adapter's bytes only."""
