@@ -5,7 +5,8 @@ LoRA actor), over both transports; plus what serving the adapter costs the engin
 Two vLLM engines at the precision `auto` picks here: a plain one (merged syncs) and one started with LoRA support
 (`max_lora_rank` 8; adapter syncs). Each (mode, transport) is timed `--repeats` times after one warm-up sync
 (wall seconds of `push_actor_weights`: the actor's gather, the hop, the engine's load). Generation: the same
-prompts on both engines (the LoRA one with its adapter active), `--repeats` alternating rounds.
+prompts on both engines (the LoRA one with its adapter active; 8 sequences of 32 prompt + 32 new tokens),
+`--repeats` alternating rounds after a warm-up one.
 
     .venv/bin/python benchmarks/lora_sync.py [--repeats 3]
 
@@ -29,6 +30,7 @@ MODEL = "embedded:smollm2-135m-instruct"
 TRANSPORTS = ("ray", "gloo")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 RANK = 8
+GEN_PROMPTS, GEN_SAMPLES, GEN_TOKENS = 4, 2, 32  # 8 sequences of 32 prompt + 32 new tokens
 
 
 def lora_actor(path: str) -> Any:
@@ -56,6 +58,7 @@ def time_syncs(actor: Any, engines: dict[str, list[Any]], repeats: int) -> dict[
                 sent = push_actor_weights(actor, engines[mode], cfg).bytes
                 times.append(time.perf_counter() - began)
             out[f"{mode}/{transport}"] = {"bytes": sent, "seconds": times[1:]}
+            print(f"sync {mode}/{transport}: {sent} bytes, {[round(t, 2) for t in times[1:]]} s", flush=True)
     return out
 
 
@@ -64,14 +67,15 @@ def time_generation(engines: dict[str, list[Any]], repeats: int) -> dict[str, li
 
     from rlhfkit.rollout.types import SamplingConfig
 
-    prompts = [[1, 2, 3, 4, 5, 6, 7, 8] * 4 for _ in range(8)]
-    sampling = SamplingConfig(n=4, max_new_tokens=64, ignore_eos=True, seed=0)
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8] * 4 for _ in range(GEN_PROMPTS)]
+    sampling = SamplingConfig(n=GEN_SAMPLES, max_new_tokens=GEN_TOKENS, ignore_eos=True, seed=0)
     seconds: dict[str, list[float]] = {"merged": [], "adapter": []}
     for _ in range(repeats + 1):
         for mode in seconds:
             began = time.perf_counter()
             ray.get(engines[mode][0].generate.remote(prompts, sampling))
             seconds[mode].append(time.perf_counter() - began)
+            print(f"generation {mode}: {seconds[mode][-1]:.2f} s", flush=True)
     return {mode: times[1:] for mode, times in seconds.items()}
 
 
@@ -109,8 +113,8 @@ def main() -> None:
         row["median_s"] = statistics.median(row["seconds"])
         print(f"{key:<16} {row['bytes'] / 1e6:>9.2f} {row['median_s']:>8.2f}")
     gen = {mode: statistics.median(times) for mode, times in result["generation_s"].items()}
-    print(f"\ngeneration, 8 prompts x 4 samples x 64 tokens (s, median): plain engine {gen['merged']:.2f}, "
-          f"LoRA engine {gen['adapter']:.2f} ({gen['adapter'] / gen['merged']:.2f}x)")
+    print(f"\ngeneration, {GEN_PROMPTS} prompts x {GEN_SAMPLES} samples x {GEN_TOKENS} tokens (s, median): "
+          f"plain engine {gen['merged']:.2f}, LoRA engine {gen['adapter']:.2f} ({gen['adapter'] / gen['merged']:.2f}x)")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "lora_sync.json").write_text(json.dumps(result, indent=2))
 

@@ -351,8 +351,8 @@ EFFECTS: dict[str, Effect] = {
                             _PUSH + "test_gloo_broadcast_run_matches_the_ray_run",
                             _PUSH + "test_nccl_without_gpus_or_with_colocation_is_refused"),
     "lora_sync": _t("with --lora_rank: adapter sends only the LoRA A/B tensors (sync/bytes = the adapter's bytes) and "
-                    "the LoRA engine's log-probs equal the trainer's; auto picks adapter only where the engines serve "
-                    "LoRA of the rank, else merged; adapter that cannot work is a ConfigError",
+                    "the LoRA engine's log-probs equal the trainer's; merged (default) as test_lora_rl; auto picks "
+                    "adapter only where the engines serve LoRA of the rank; adapter that cannot work: ConfigError",
                     "tests/rl/test_lora_sync.py::test_ppo_lora_run_syncs_the_adapter_only",
                     "tests/rl/test_lora_sync.py::test_resolve_lora_sync_picks_adapter_only_where_the_engines_serve_the_rank",
                     "tests/rl/test_lora_sync.py::test_lora_sync_adapter_that_cannot_work_stops_before_ray"),
