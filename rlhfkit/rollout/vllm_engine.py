@@ -78,6 +78,11 @@ class VLLMEngine:
         if max_lora_rank > 0:  # one adapter at a time: the current one (see finish_lora_update)
             import tempfile
 
+            if not torch.cuda.is_available():  # one GEMM per LoRA op instead of vLLM's per-token path
+                from rlhfkit.rollout import lora_cpu_ops
+
+                lora_cpu_ops.install()
+
             extra.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
             self.lora_dir = tempfile.mkdtemp(prefix="rlhfkit-lora-")
         if not torch.cuda.is_available():

@@ -132,3 +132,30 @@ def test_ppo_lora_run_syncs_the_adapter_only(lora_engine, tiny_model_dir, tmp_pa
     hidden, inter = 64, 128  # 2 heads of 32 for queries and for keys/values: k and v are hidden wide too
     per_layer = LORA_RANK * (4 * (hidden + hidden) + 3 * (hidden + inter))
     assert series(rows, "sync/bytes") == [2 * per_layer * 4] * 2
+
+
+def test_cpu_lora_fast_path_equals_vllms_per_token_ops():
+    """The single-adapter GEMM path gives what vLLM's reference ops give (and a float64 hand computation), with one
+    adapter index for every token and with mixed indices (the fallback)."""
+    from vllm.lora.ops.torch_ops import lora_ops
+
+    from rlhfkit.rollout import lora_cpu_ops
+
+    gen = torch.Generator().manual_seed(0)
+    x, a = torch.randn(5, 12, generator=gen), torch.randn(2, 1, 4, 12, generator=gen)  # 2 slots of A [r 4, in 12]
+    b = torch.randn(2, 1, 9, 4, generator=gen)  # B [out 9, r 4]
+    for idx in (torch.ones(5, dtype=torch.long), torch.tensor([0, 1, 1, 0, 1])):
+        want = torch.stack([a[i, 0].double() @ x[t].double() for t, i in enumerate(idx.tolist())]) * 0.5
+        ours, theirs = torch.zeros(5, 4), torch.zeros(5, 4)
+        lora_cpu_ops.bgmv_shrink(x, a, ours, idx, 0.5)
+        lora_ops.bgmv_shrink(x, a, theirs, idx, 0.5)
+        assert torch.allclose(ours.double(), want, atol=1e-5) and torch.allclose(ours, theirs, atol=1e-5)
+        h = torch.randn(5, 4, generator=gen)
+        ours, theirs = torch.ones(5, 20), torch.ones(5, 20)
+        lora_cpu_ops.bgmv_expand_slice(h, b, ours, idx, 3, 9, add_inputs=True)
+        lora_ops.bgmv_expand_slice(h, b, theirs, idx, 3, 9, add_inputs=True)
+        assert torch.allclose(ours, theirs, atol=1e-5) and float((ours[:, 3:12] - 1).abs().sum()) > 0
+        ours, theirs = torch.zeros(5, 9), torch.zeros(5, 9)
+        lora_cpu_ops.bgmv_expand(h, b, ours, idx, add_inputs=False)
+        lora_ops.bgmv_expand(h, b, theirs, idx, add_inputs=False)
+        assert torch.allclose(ours, theirs, atol=1e-5)
