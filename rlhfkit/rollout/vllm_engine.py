@@ -8,6 +8,7 @@ host RAM the whole worker may use, its own RSS (~1.1 GiB) included. On GPU, each
 With `max_lora_rank` > 0 the engine serves the base model with vLLM's LoRA support and takes adapter-only syncs
 (`begin_lora_update` ... `finish_lora_update`, see `rlhfkit.rollout.lora_sync`); every generate and score then
 runs with the latest adapter (none before the first sync: the base model, which is what a fresh LoRA computes).
+On CPU such an engine uses `rlhfkit.rollout.lora_cpu_ops` (one GEMM per LoRA op instead of vLLM's per-token path).
 """
 
 from __future__ import annotations
