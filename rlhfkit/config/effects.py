@@ -387,6 +387,12 @@ EFFECTS: dict[str, Effect] = {
                             "back to gloo with one warning)",
                             _PUSH + "test_gloo_broadcast_run_matches_the_ray_run",
                             _PUSH + "test_nccl_without_gpus_falls_back_to_gloo_with_one_warning"),
+    "lora_sync": _t("with --lora_rank: adapter sends only the LoRA A/B tensors (sync/bytes = the adapter's bytes) and "
+                    "the LoRA engine's log-probs equal the trainer's; merged (default) as test_lora_rl; auto picks "
+                    "adapter only where the engines serve LoRA of the rank; adapter that cannot work: ConfigError",
+                    "tests/rl/test_lora_sync.py::test_ppo_lora_run_syncs_the_adapter_only",
+                    "tests/rl/test_lora_sync.py::test_resolve_lora_sync_picks_adapter_only_where_the_engines_serve_the_rank",
+                    "tests/rl/test_lora_sync.py::test_lora_sync_adapter_that_cannot_work_stops_before_ray"),
     "weight_sync_bucket_mb": _t("weights are pushed in buckets of this size (several buckets at 1 MiB)",
                                 _PUSH + "test_gloo_broadcast_run_matches_the_ray_run"),
     "prompt_max_len": _t("over-long prompts dropped and counted; the engines' max_model_len",

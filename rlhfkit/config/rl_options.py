@@ -77,6 +77,12 @@ class RolloutOptions:
     enforce_eager: bool = opt(False, "disable CUDA graphs in vLLM")
     enable_prefix_caching: bool = opt(False, "vLLM prefix caching")
     weight_sync_bucket_mb: int = opt(64, "weight sync bucket size in MiB")
+    lora_sync: str = opt("merged", "with --lora_rank: what a weight sync sends. merged: the full weights with the "
+                                   "adapters merged in; adapter: only the LoRA A/B tensors, the vLLM engines serve "
+                                   "the base model plus the adapter (vLLM LoRA: generation pays for the LoRA ops, see "
+                                   "docs/models.md); auto = adapter where the engines can serve it, else merged "
+                                   "(the reason logged)",
+                         choices=["auto", "adapter", "merged"])
     sync_logprob_tolerance: float | None = opt(None, "after weights reach the engines (start and every sync), the "
                                                      "mean |engine - trainer| log-prob on a fixed probe sequence "
                                                      "must stay under this, or the run stops naming the engine; "

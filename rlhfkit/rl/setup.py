@@ -138,6 +138,11 @@ def validate_rl(cfg: Any) -> None:
     if not (cfg.remote_rm_url or cfg.reward_pretrain or cfg.agent_func_path):
         raise ConfigError("give a reward: --remote_rm_url (reward_func .py, builtin:NAME or http URL) "
                           "or --reward_pretrain")
+    if cfg.lora_sync == "adapter":  # what the flags alone rule out fails before anything starts
+        from rlhfkit.rollout.lora_sync import adapter_sync_blocker
+
+        if (blocker := adapter_sync_blocker(cfg)) is not None:
+            raise ConfigError(f"--lora_sync adapter cannot work here: {blocker}. Use --lora_sync merged (or auto)")
     plan = resolve_plan(cfg)
     trained = ("actor", "critic") if plan.needs_critic else ("actor",)
     validate_optim(cfg, trained, absent=() if plan.needs_critic else ("critic",))
@@ -376,7 +381,29 @@ def _engines(cfg: Any, path: str, placement: Placement, indices: list[int] | Non
         options.update(placement_group=placement.groups["engines"], num_gpus_per_engine=share,
                        num_cpus_per_engine=0.25 * share)
     options["enable_sleep_mode"] = cfg.vllm_enable_sleep
+    options["max_lora_rank"] = lora_engine_rank(cfg)
     return create_vllm_engines(cfg.vllm_num_engines, path, log_dir=log_dir, indices=indices, **options)
+
+
+def lora_engine_rank(cfg: Any) -> int:
+    """The LoRA rank the run's vLLM engines serve: vLLM's rank for --lora_rank when an adapter-only sync may be used
+    (--lora_sync auto or adapter, nothing in the flags against it), else 0 (plain engines)."""
+    from rlhfkit.rollout.lora_sync import adapter_sync_blocker, engine_max_lora_rank
+
+    if cfg.lora_sync == "merged" or adapter_sync_blocker(cfg) is not None:
+        return 0
+    return engine_max_lora_rank(cfg.lora_rank)
+
+
+def resolve_run_lora_sync(cfg: Any, engines: list[Any]) -> None:
+    """Set cfg.lora_sync to adapter or merged (--lora_sync auto resolved against the engines), logging the reason
+    once when the run trains LoRA."""
+    from rlhfkit.rollout.lora_sync import resolve_lora_sync
+
+    infos = call_all(engines, "weight_sync_info", role="engine")
+    cfg.lora_sync, reason = resolve_lora_sync(cfg, infos)
+    if cfg.lora_rank > 0:
+        log.info("LoRA weight sync: %s (%s)", cfg.lora_sync, reason)
 
 
 def build_rewards(cfg: Any, tokenizer: Any, groups: list[ModelGroup], specs: list[str]) -> RolloutRewards:
@@ -451,7 +478,8 @@ def build_setup(cfg: Any, engines: list[Any] | None = None, best: Any = None) ->
         actor, ref, critic, reward_groups = _groups(cfg, plan, worker_cfg, updates, reward_specs, placement, made)
         if engines is None:
             engines = _engines(cfg, cfg.pretrain, placement)
-        else:  # reused engines start from this run's initial weights
+        resolve_run_lora_sync(cfg, engines)
+        if not owns_engines:  # reused engines start from this run's initial weights
             push_actor_weights(actor, engines, cfg)
         sync_check = SyncCheck.from_run(prompts, cfg)
         sync_check.check(actor, engines, "start (engines loaded from --pretrain)" if owns_engines

@@ -9,6 +9,10 @@
 - `auto`: nccl on GPU clusters unless --colocate_all_models puts engines and trainer on the same GPUs (NCCL cannot
   connect two processes on one GPU: then ray); gloo on CPU-only clusters (faster than ray there, see
   docs/benchmarks.md). `rlhfkit.config.plan.resolve_sync_backend` resolves it once, with the run's plan.
+
+`--lora_sync` (with --lora_rank): `merged` sends the full weights with the adapters merged in; `adapter` sends only
+the LoRA A/B tensors, which the engines serve on their unchanged base (`rlhfkit.rollout.lora_sync`). The driver
+resolves auto once the engines exist (`resolve_lora_sync`) and stores the result in `cfg.lora_sync`.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ def push_actor_weights(actor: ModelGroup, engines: list[Any], cfg: Any) -> SyncS
     (already resolved: ray, gloo or nccl)."""
     bucket_bytes = cfg.weight_sync_bucket_mb << 20
     backend = cfg.vllm_sync_backend
+    adapter = getattr(cfg, "lora_sync", "merged") == "adapter"
     if backend == "ray":
-        state = next(sd for sd in actor.call("state_dict_for_sync") if sd is not None)
-        return sync_weights(engines, state.items(), bucket_bytes=bucket_bytes)
+        state = next(sd for sd in actor.call("state_dict_for_sync", adapter) if sd is not None)
+        lora_config = actor.call("lora_config")[0] if adapter else None
+        return sync_weights(engines, state.items(), bucket_bytes=bucket_bytes, lora_config=lora_config)
     actor.call("join_weight_group", engines, backend)  # builds the group on the first sync, then reuses it
-    return next(stats for stats in actor.call("broadcast_weights", bucket_bytes) if stats is not None)
+    return next(stats for stats in actor.call("broadcast_weights", bucket_bytes, adapter) if stats is not None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -429,10 +429,10 @@ class ModelWorker:
         return self._finish_step(sums, dump, "critic_grad_norm", "critic_lr")
 
     # ----------------------------------------------------------------- weights and checkpoints
-    def state_dict_for_sync(self) -> dict[str, torch.Tensor] | None:
-        """Full (unsharded) parameters on CPU, tied ones once (what the broadcast sends too); collective, rank 0
-        returns them, other ranks None."""
-        named = _weights_for_engines(self.model, self._engine_dtype())
+    def state_dict_for_sync(self, adapter: bool = False) -> dict[str, torch.Tensor] | None:
+        """Full (unsharded) parameters on CPU, tied ones once (what the broadcast sends too), or with `adapter` only
+        the LoRA A/B tensors (--lora_sync adapter); collective, rank 0 returns them, other ranks None."""
+        named = _weights_for_engines(self.model, self._engine_dtype(), adapter)
         if self.dist.rank != 0:
             return _drain(named)
         return {name: tensor.cpu() for name, tensor in named}
@@ -452,17 +452,24 @@ class ModelWorker:
                                                timeout_s=getattr(self.cfg, "remote_call_timeout", None))
         return True
 
-    def broadcast_weights(self, bucket_bytes: int) -> SyncStats | None:
+    def broadcast_weights(self, bucket_bytes: int, adapter: bool = False) -> SyncStats | None:
         """Collective: every rank gathers the full parameters one at a time (FSDP2 all-gather); rank 0 broadcasts
-        them to the engines over the weight group (`join_weight_group` first) and returns the `SyncStats`."""
-        named = _weights_for_engines(self.model, self._engine_dtype())
+        them to the engines over the weight group (`join_weight_group` first) and returns the `SyncStats`. With
+        `adapter` only the LoRA A/B tensors travel (--lora_sync adapter)."""
+        named = _weights_for_engines(self.model, self._engine_dtype(), adapter)
         if self.dist.rank != 0:
             return _drain(named)
         try:
-            return self.weight_sender.sync(named, bucket_bytes)
+            return self.weight_sender.sync(named, bucket_bytes, lora_config=self.lora_config() if adapter else None)
         except BaseException:  # an engine fault: finish the gathers, so the other ranks are not left in a collective
             _drain(named)
             raise
+
+    def lora_config(self) -> dict[str, Any]:
+        """The actor's LoRA adapter config (peft's, JSON-ready): what an adapter-only sync hands the engines."""
+        from rlhfkit.rollout.lora_sync import adapter_config
+
+        return adapter_config(self.model)
 
     def _engine_dtype(self) -> torch.dtype | None:
         """The rollout engines' dtype (--vllm_dtype, resolved by the driver): weights travel in it, so a bf16 engine
@@ -507,12 +514,16 @@ def has_active_dropout(model: torch.nn.Module) -> bool:
     return any(v > 0 for v in rates.values())
 
 
-def _full_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) per parameter, tied ones once; gathering a sharded (DTensor) one is a collective, so
-    every rank must consume this to the end. CPU-offloaded shards visit the mesh's device for the gather."""
+def _full_named_parameters(model: torch.nn.Module, only: Callable[[str], bool] | None = None,
+                            ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) per parameter (those whose name passes `only`), tied ones once; gathering a sharded
+    (DTensor) one is a collective, so every rank must consume this to the end. CPU-offloaded shards visit the mesh's
+    device for the gather."""
     from torch.distributed.tensor import DTensor
 
     for name, param in model.named_parameters():
+        if only is not None and not only(name):
+            continue
         tensor = param.detach()
         if getattr(param, "quant_state", None) is not None:  # --load_in_4bit: the engines get dequantized weights
             import bitsandbytes.functional as bnb_functional
@@ -525,13 +536,19 @@ def _full_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.
         yield name, tensor
 
 
-def _weights_for_engines(model: torch.nn.Module, dtype: torch.dtype | None = None,
+def _weights_for_engines(model: torch.nn.Module, dtype: torch.dtype | None = None, adapter: bool = False,
                          ) -> Iterator[tuple[str, torch.Tensor]]:
     """What the rollout engines load: full parameters under HF names, LoRA adapters merged into their layers, floating
-    tensors in the engines' `dtype` (None: as they are)."""
+    tensors in the engines' `dtype` (None: as they are). `adapter`: only the LoRA A/B tensors, under their
+    saved-adapter names (only those are gathered)."""
     from rlhfkit.models.lora import merged_weights
+    from rlhfkit.rollout.lora_sync import adapter_weights, is_adapter_tensor
 
-    for name, tensor in merged_weights(model, _full_named_parameters(model)):
+    if adapter:
+        named = adapter_weights(_full_named_parameters(model, is_adapter_tensor))
+    else:
+        named = merged_weights(model, _full_named_parameters(model))
+    for name, tensor in named:
         yield name, tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
 
 

@@ -4,6 +4,11 @@ vLLM is imported inside the actor only, so importing this module is cheap. On CP
 in the actor's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`); the KV cache is sized in bytes of host RAM
 (`--vllm_kv_cache_mb`, default 256 MiB) because vLLM's CPU `gpu_memory_utilization` is the fraction of *all*
 host RAM the whole worker may use, its own RSS (~1.1 GiB) included. On GPU, each tensor-parallel rank gets one GPU.
+
+With `max_lora_rank` > 0 the engine serves the base model with vLLM's LoRA support and takes adapter-only syncs
+(`begin_lora_update` ... `finish_lora_update`, see `rlhfkit.rollout.lora_sync`); every generate and score then
+runs with the latest adapter (none before the first sync: the base model, which is what a fresh LoRA computes).
+On CPU such an engine uses `rlhfkit.rollout.lora_cpu_ops` (one GEMM per LoRA op instead of vLLM's per-token path).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class VLLMEngine:
         enable_sleep_mode: bool = False,
         cpu_threads_share: int = 1,
         log_path: str | None = None,
+        max_lora_rank: int = 0,
     ) -> None:
         if log_path:  # vLLM's logs to the run folder, not the driver's console (--verbose keeps them live)
             from rlhfkit.observability.run import redirect_output
@@ -68,7 +74,18 @@ class VLLMEngine:
 
         # vLLM's CPU backend crashes on seeded requests whose prompt is prefilled in chunks ("CPU Generator does
         # not use offset" when it rewinds the generator): on CPU, prefill every prompt whole.
-        extra = {"enable_sleep_mode": True} if enable_sleep_mode else {}
+        extra: dict[str, Any] = {"enable_sleep_mode": True} if enable_sleep_mode else {}
+        self.max_lora_rank, self.lora_request, self.lora_dir = max_lora_rank, None, None
+        if max_lora_rank > 0:  # one adapter at a time: the current one (see finish_lora_update)
+            import tempfile
+
+            if not torch.cuda.is_available():  # one GEMM per LoRA op instead of vLLM's per-token path
+                from rlhfkit.rollout import lora_cpu_ops
+
+                lora_cpu_ops.install()
+
+            extra.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
+            self.lora_dir = tempfile.mkdtemp(prefix="rlhfkit-lora-")
         if not torch.cuda.is_available():
             extra["enable_chunked_prefill"] = False
         self.llm = LLM(
@@ -105,7 +122,7 @@ class VLLMEngine:
                 prompts.append(TokensPrompt(prompt_token_ids=list(ids)))
                 params.append(_sampling_params(sampling, sampling.sample_seed(i, j)))
                 keys.append((i, j))
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
         self.prompts_generated += len(prompt_ids)
         return [_to_sample(i, j, prompt_ids[i], out.outputs[0]) for (i, j), out in zip(keys, outputs)]
 
@@ -116,7 +133,7 @@ class VLLMEngine:
 
         prompts = [TokensPrompt(prompt_token_ids=list(p) + list(r)) for p, r in zip(prompt_ids, response_ids)]
         params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
         scores = []
         for p, r, out in zip(prompt_ids, response_ids, outputs):
             seq = list(p) + list(r)
@@ -134,8 +151,38 @@ class VLLMEngine:
     def finish_weight_update(self) -> None:
         """Finish the update on every worker, then drop prefix-cache blocks computed with the old weights."""
         self.llm.collective_rpc("rlhf_finish_weight_update")
+        if self.lora_request is not None:  # full weights replace base + adapter: serve them as they are
+            self.llm.llm_engine.remove_lora(self.lora_request.lora_int_id)
+            self.lora_request = None
         if self.enable_prefix_caching:
             self.reset_prefix_cache()
+
+    def begin_lora_update(self) -> None:
+        """Start an adapter-only update: the next buckets (either transport) carry LoRA A/B tensors."""
+        if self.lora_dir is None:
+            raise RuntimeError("begin_lora_update on an engine started without LoRA support (max_lora_rank 0): "
+                               "use --lora_sync merged, or start the engines with LoRA enabled")
+        self.llm.collective_rpc("rlhf_begin_lora_update")
+
+    def finish_lora_update(self, config: dict[str, Any]) -> int:
+        """Write the adapter (peft `config`) on every worker, serve it as a new LoRA from now on, drop the previous
+        one; returns its bytes of tensors."""
+        import shutil
+
+        from vllm.lora.request import LoRARequest
+
+        previous = self.lora_request
+        lora_id = 1 if previous is None else previous.lora_int_id + 1
+        path = os.path.join(self.lora_dir, f"adapter-{lora_id}")
+        nbytes = self.llm.collective_rpc("rlhf_finish_lora_update", args=(path, config))[0]
+        request = LoRARequest(f"rlhfkit-{lora_id}", lora_id, path)
+        engine = self.llm.llm_engine
+        if previous is not None:  # before adding: one LoRA slot (max_loras 1)
+            engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+        engine.add_lora(request)  # loads it now: a bad adapter fails here, not in the next generate
+        self.lora_request = request
+        return nbytes
 
     # ---- weight sync over a torch.distributed broadcast (--vllm_sync_backend gloo|nccl), see weight_broadcast
     def compute_threads(self) -> int:
@@ -151,10 +198,12 @@ class VLLMEngine:
         return whereabouts(role="engine", backend="vllm", dtype=self.dtype, prompts_generated=self.prompts_generated)
 
     def weight_sync_info(self) -> dict[str, Any]:
-        """How many group ranks this engine takes (its tensor-parallel workers) and whether it runs on CUDA."""
+        """How many group ranks this engine takes (its tensor-parallel workers), whether it runs on CUDA, and the
+        largest LoRA rank it serves (0: no LoRA support)."""
         import torch
 
-        return {"workers": self.tensor_parallel_size, "cuda": torch.cuda.is_available()}
+        return {"workers": self.tensor_parallel_size, "cuda": torch.cuda.is_available(),
+                "max_lora_rank": self.max_lora_rank}
 
     def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str,
                           timeout_s: float) -> list[int]:
@@ -229,6 +278,7 @@ def create_vllm_engines(
     num_gpus_per_engine: float = 1.0,
     log_dir: str | None = None,
     indices: Sequence[int] | None = None,
+    max_lora_rank: int = 0,
 ) -> list[Any]:
     """Start `num_engines` `VLLMEngine` Ray actors and wait until they are ready (`indices`: only these engines of
     the `num_engines`, with their own options: a restart after a fault).
@@ -240,7 +290,8 @@ def create_vllm_engines(
     group of TP bundles and lets vLLM start its ray workers in it (GPU path written, not tested here). Engine `k`
     is seeded with `seed + k`. Colocated engines (`--colocate_all_models`) pass the models' `placement_group`, a
     fraction `num_gpus_per_engine` of a GPU and `enable_sleep_mode` (`--vllm_enable_sleep`). With `log_dir`, engine
-    `k` writes its output (vLLM's logs) to `log_dir/engine<k>.log` instead of Ray's log stream.
+    `k` writes its output (vLLM's logs) to `log_dir/engine<k>.log` instead of Ray's log stream. `max_lora_rank` > 0:
+    the engines serve LoRA adapters up to that rank (adapter-only sync, `rlhfkit.rollout.lora_sync`).
     """
     import ray
 
@@ -273,6 +324,7 @@ def create_vllm_engines(
                 enable_sleep_mode=enable_sleep_mode and has_gpus,
                 cpu_threads_share=num_engines,
                 log_path=os.path.join(log_dir, f"engine{k}.log") if log_dir else None,
+                max_lora_rank=max_lora_rank,
             )
         )
     call_all(engines, "ready", role="engine", ranks=list(range(num_engines)) if indices is None else list(indices))

@@ -225,21 +225,23 @@ class WeightBroadcaster:
                 raise RuntimeError(f"engines {ranks} returned from join_weight_group before the group was built")
 
     def sync(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
-             bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> SyncStats:
+             bucket_bytes: int = DEFAULT_BUCKET_BYTES, lora_config: dict[str, Any] | None = None) -> SyncStats:
         """Replace every engine's weights in place with `named_tensors` (full HF-named tensors, consumed lazily,
-        one bucket at a time); returns the same `SyncStats` as the Ray transport."""
+        one bucket at a time); returns the same `SyncStats` as the Ray transport. With `lora_config` the tensors
+        are a LoRA adapter's, served as a new adapter on the engines' base (`rlhfkit.rollout.lora_sync`)."""
+        from rlhfkit.rollout.weight_sync import begin_update, finish_update
 
         if self.group is None:
             raise RuntimeError("WeightBroadcaster.sync after close(): create a new WeightBroadcaster")
         start = time.perf_counter()
-        call_all(self.engines, "begin_weight_update", role="engine", timeout_s=self.timeout_s)
+        begin_update(self.engines, lora_config, self.timeout_s)
         total_bytes = buckets = tensors = 0
         for bucket in iter_buckets(named_tensors, bucket_bytes, device=self.device):
             self._send(bucket)
             buckets += 1
             tensors += len(bucket)
             total_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
-        call_all(self.engines, "finish_weight_update", role="engine", timeout_s=self.timeout_s)
+        finish_update(self.engines, lora_config, self.timeout_s)
         return SyncStats(seconds=time.perf_counter() - start, bytes=total_bytes, buckets=buckets, tensors=tensors)
 
     def _send(self, bucket: NamedTensors) -> None:

@@ -46,6 +46,7 @@ def sync_weights(
     *,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     transport: str = "ray",
+    lora_config: dict[str, Any] | None = None,
 ) -> SyncStats:
     """Replace every engine's weights in place with `named_tensors` (full HF-named tensors); return timings.
 
@@ -53,7 +54,9 @@ def sync_weights(
     then finishes the update (vLLM: processes pending layers and resets the prefix cache when enabled).
     `named_tensors` is consumed lazily, one bucket at a time: with FSDP2 pass, on the rank that syncs, a
     generator that gathers one full tensor at a time. `transport` "gloo"/"nccl" builds a broadcast group for this
-    one sync and closes it (see `WeightBroadcaster` to keep one).
+    one sync and closes it (see `WeightBroadcaster` to keep one). With `lora_config` (a peft adapter config)
+    `named_tensors` are a LoRA adapter's A/B tensors and the engines serve them as a new adapter on their unchanged
+    base (`rlhfkit.rollout.lora_sync`).
     """
     import ray
 
@@ -64,11 +67,11 @@ def sync_weights(
 
         sender = WeightBroadcaster(engines, transport)
         try:
-            return sender.sync(named_tensors, bucket_bytes)
+            return sender.sync(named_tensors, bucket_bytes, lora_config=lora_config)
         finally:
             sender.close()
     start = time.perf_counter()
-    call_all(engines, "begin_weight_update", role="engine")
+    begin_update(engines, lora_config)
     total_bytes = buckets = tensors = 0
     for bucket in iter_buckets(named_tensors, bucket_bytes):
         ref = ray.put(bucket)
@@ -77,5 +80,19 @@ def sync_weights(
         buckets += 1
         tensors += len(bucket)
         total_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
-    call_all(engines, "finish_weight_update", role="engine")
+    finish_update(engines, lora_config)
     return SyncStats(seconds=time.perf_counter() - start, bytes=total_bytes, buckets=buckets, tensors=tensors)
+
+
+def begin_update(engines: Sequence[Any], lora_config: dict[str, Any] | None, timeout_s: float | None = None) -> None:
+    """Put every engine in update mode: full weights (`lora_config` None) or a LoRA adapter."""
+    method = "begin_weight_update" if lora_config is None else "begin_lora_update"
+    call_all(engines, method, role="engine", timeout_s=timeout_s)
+
+
+def finish_update(engines: Sequence[Any], lora_config: dict[str, Any] | None, timeout_s: float | None = None) -> None:
+    """End the update `begin_update` started (an adapter update hands the engines its peft config)."""
+    if lora_config is None:
+        call_all(engines, "finish_weight_update", role="engine", timeout_s=timeout_s)
+    else:
+        call_all(engines, "finish_lora_update", lora_config, role="engine", timeout_s=timeout_s)

@@ -24,6 +24,10 @@ Weights arrive either as tensors in the call (`rlhf_load_weight_bucket`, the Ray
 torch.distributed broadcast from the trainer (`rlhf_join_weight_group` once, then `rlhf_receive_weight_bucket`
 per bucket: `--vllm_sync_backend gloo|nccl`, see `rlhfkit.rollout.weight_broadcast`); both load the same way.
 
+Adapter-only LoRA sync (`--lora_sync adapter`, see `rlhfkit.rollout.lora_sync`): `rlhf_begin_lora_update`, the
+same bucket loads (which then collect the LoRA tensors instead of loading them into the model), and
+`rlhf_finish_lora_update(path, config)`, which writes the adapter folder the engine then serves as a new LoRA.
+
 Method names carry an `rlhf_` prefix so they never
 collide with the worker's own (`update_weights` exists already).
 """
@@ -51,7 +55,12 @@ class WeightReloadExtension:
         self._rlhf_loaded: set[str] | None = set()
 
     def rlhf_load_weight_bucket(self, named_tensors: NamedTensors) -> int:
-        """Load one bucket of (HF name, full tensor) pairs; returns how many tensors were given."""
+        """Load one bucket of (HF name, full tensor) pairs; returns how many tensors were given. In a LoRA
+        adapter update the tensors are collected for `rlhf_finish_lora_update` instead."""
+        adapter = getattr(self, "_rlhf_adapter", None)
+        if adapter is not None:
+            adapter.extend((name, t.clone()) for name, t in named_tensors)  # broadcast buffers are reused
+            return len(named_tensors)
         loaded = self._rlhf_require_update("rlhf_load_weight_bucket")
         with torch.no_grad():
             names = self.model_runner.get_model().load_weights(iter(named_tensors))
@@ -73,6 +82,22 @@ class WeightReloadExtension:
         self._rlhf_loaded = None
         check_every_parameter_loaded(runner.get_model(), loaded, "vLLM engine")
         return len(loaded)
+
+    def rlhf_begin_lora_update(self) -> None:
+        """Start an adapter-only update: the next buckets are LoRA A/B tensors (saved-adapter names)."""
+        if getattr(self, "_rlhf_adapter", None) is not None or getattr(self, "_rlhf_loaded", None) is not None:
+            raise RuntimeError("rlhf_begin_lora_update called inside another update")
+        self._rlhf_adapter: list | None = []
+
+    def rlhf_finish_lora_update(self, path: str, config: dict) -> int:
+        """Write the collected adapter to `path` (a peft adapter folder); returns its bytes of tensors."""
+        from rlhfkit.rollout.lora_sync import write_adapter_folder
+
+        adapter = getattr(self, "_rlhf_adapter", None)
+        if adapter is None:
+            raise RuntimeError("rlhf_finish_lora_update called outside a LoRA update: call rlhf_begin_lora_update")
+        self._rlhf_adapter = None
+        return write_adapter_folder(path, adapter, config)
 
     def rlhf_join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str,
                                timeout_s: float) -> int:
