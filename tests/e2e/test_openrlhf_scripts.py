@@ -95,3 +95,22 @@ def test_ppo_script_with_critic_and_reward_model_runs(tiny_model_dir, tiny_rewar
     steps = [r for r in metrics(only_run(tmp_path)) if "train/policy_loss" in r]
     assert len(steps) == 1 and steps[0]["train/critic_grad_norm"] > 0 and "rollout/kl" in steps[0]
     assert (tmp_path / "out" / "final" / "llama3-8b-rlhf" / "config.json").is_file()
+
+
+def test_mixtral_lora_sft_script_runs_on_a_tiny_mixture_of_experts(tmp_path, monkeypatch):
+    """train_sft_mixtral_lora.sh on a tiny Qwen3-MoE: LoRA rank 8, packing, and the router balancing loss
+    (--model.aux_loss_coef), which the step logs."""
+    import importlib
+
+    from rlhfkit.models.tiny import build_tiny_moe_causal_lm
+
+    model = build_tiny_moe_causal_lm(str(tmp_path / "moe"))
+    rows = [{"question": r["input"], "response": r["output"]} for r in echo_rows(8, seed=1)]
+    data = write_jsonl(rows, tmp_path / "data.jsonl")
+    command, argv = script_argv("train_sft_mixtral_lora.sh", MODEL=model, DATA=data, OUT=str(tmp_path / "out"))
+    monkeypatch.chdir(tmp_path)
+    importlib.import_module(f"rlhfkit.cli.{command}").main(argv)
+    logged = [r for r in metrics(only_run(tmp_path)) if "train/loss" in r]
+    assert [r["step"] for r in logged] == [1, 2]
+    assert all(r["train/aux_loss"] > 0 for r in logged), logged
+    assert (tmp_path / "out" / "mixtral-sft-lora" / "adapter_config.json").is_file()  # a LoRA run saves the adapter
