@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from rlhfkit.config import dialect
+import rlhfkit.config.dialect as dialect
 from rlhfkit.errors import ConfigError
 
 # DeepSpeed internals that have no meaning under FSDP2: rejected with a reason instead of silently ignored.

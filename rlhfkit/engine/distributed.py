@@ -6,7 +6,9 @@ gloo on CPU, NCCL on CUDA. A single process still gets a 1-rank group so FSDP2 r
 from __future__ import annotations
 
 import os
+import random
 import socket
+import time
 from dataclasses import dataclass
 
 import torch
@@ -26,10 +28,34 @@ class DistInfo:
         return self.rank == 0
 
 
+def ephemeral_port_range() -> tuple[int, int]:
+    """The range the kernel hands out for outgoing connections (Linux's ip_local_port_range; its default elsewhere)."""
+    try:
+        low, high = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
     """A TCP port unused on every address of this host: torch's TCPStore listens on all of them, so a port free on
-    127.0.0.1 alone can still be taken on the node's address (or the reverse), EADDRINUSE."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    127.0.0.1 alone can still be taken on the node's address (or the reverse), EADDRINUSE.
+
+    The port is drawn below the ephemeral range: the rendezvous binds it only later, in another process, and a port
+    from the ephemeral range (what ``bind(0)`` returns) can be taken in between by any outgoing connection of the
+    machine (gloo opens many while process groups form); one below it can only be taken by another explicit bind.
+    """
+    low = ephemeral_port_range()[0]
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(64):
+        port = rng.randrange(max(1024, low - 12_000), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # all tried were taken: any free port
         sock.bind(("", 0))
         return sock.getsockname()[1]
 

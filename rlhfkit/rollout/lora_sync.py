@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from rlhfkit.errors import ConfigError
+from rlhfkit.rollout.remote import call_all
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's allowed --max_lora_rank values
 LORA_SYNC_MODES = ("auto", "adapter", "merged")
@@ -122,3 +123,17 @@ def resolve_lora_sync(cfg: Any, engine_infos: list[dict[str, Any]]) -> tuple[str
     if requested == "adapter":
         raise ConfigError(f"--lora_sync adapter cannot work here: {blocker}. Use --lora_sync merged (or auto)")
     return "merged", f"--lora_sync auto chose merged: {blocker}"
+
+
+def begin_update(engines: Sequence[Any], lora_config: dict[str, Any] | None, timeout_s: float | None = None) -> None:
+    """Put every engine in update mode: full weights (`lora_config` None) or a LoRA adapter."""
+    method = "begin_weight_update" if lora_config is None else "begin_lora_update"
+    call_all(engines, method, role="engine", timeout_s=timeout_s)
+
+
+def finish_update(engines: Sequence[Any], lora_config: dict[str, Any] | None, timeout_s: float | None = None) -> None:
+    """End the update `begin_update` started (an adapter update hands the engines its peft config)."""
+    if lora_config is None:
+        call_all(engines, "finish_weight_update", role="engine", timeout_s=timeout_s)
+    else:
+        call_all(engines, "finish_lora_update", lora_config, role="engine", timeout_s=timeout_s)

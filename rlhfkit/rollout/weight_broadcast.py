@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from rlhfkit.rollout.buckets import DEFAULT_BUCKET_BYTES, iter_buckets
+from rlhfkit.rollout.lora_sync import begin_update, finish_update
 from rlhfkit.rollout.remote import call_all, remote_call_timeout, wait_remote
 from rlhfkit.rollout.types import NamedTensors, SyncStats
 
@@ -229,8 +230,6 @@ class WeightBroadcaster:
         """Replace every engine's weights in place with `named_tensors` (full HF-named tensors, consumed lazily,
         one bucket at a time); returns the same `SyncStats` as the Ray transport. With `lora_config` the tensors
         are a LoRA adapter's, served as a new adapter on the engines' base (`rlhfkit.rollout.lora_sync`)."""
-        from rlhfkit.rollout.weight_sync import begin_update, finish_update
-
         if self.group is None:
             raise RuntimeError("WeightBroadcaster.sync after close(): create a new WeightBroadcaster")
         start = time.perf_counter()

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from rlhfkit.rollout.buckets import DEFAULT_BUCKET_BYTES, iter_buckets
+from rlhfkit.rollout.lora_sync import begin_update, finish_update
 from rlhfkit.rollout.remote import call_all
 from rlhfkit.rollout.types import SyncStats
 
@@ -84,15 +85,3 @@ def sync_weights(
     return SyncStats(seconds=time.perf_counter() - start, bytes=total_bytes, buckets=buckets, tensors=tensors)
 
 
-def begin_update(engines: Sequence[Any], lora_config: dict[str, Any] | None, timeout_s: float | None = None) -> None:
-    """Put every engine in update mode: full weights (`lora_config` None) or a LoRA adapter."""
-    method = "begin_weight_update" if lora_config is None else "begin_lora_update"
-    call_all(engines, method, role="engine", timeout_s=timeout_s)
-
-
-def finish_update(engines: Sequence[Any], lora_config: dict[str, Any] | None, timeout_s: float | None = None) -> None:
-    """End the update `begin_update` started (an adapter update hands the engines its peft config)."""
-    if lora_config is None:
-        call_all(engines, "finish_weight_update", role="engine", timeout_s=timeout_s)
-    else:
-        call_all(engines, "finish_lora_update", lora_config, role="engine", timeout_s=timeout_s)

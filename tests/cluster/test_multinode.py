@@ -157,9 +157,9 @@ def test_lost_node_ends_the_run_with_the_error_naming_it(three_node_cluster, tin
     cluster = three_node_cluster
     from rlhfkit.data.synthetic import echo_rows, write_jsonl
 
-    prompts = write_jsonl(echo_rows(12, seed=3), tmp_path / "prompts.jsonl")
+    prompts = write_jsonl(echo_rows(40, seed=3), tmp_path / "prompts.jsonl")  # 10 steps: the loss comes long before
     argv = ppo_flags(tiny_model_dir, str(prompts), tmp_path, ray_address=cluster.gcs_address, actor_num_nodes=2,
-                     actor_num_gpus_per_node=1, rollout_backend="hf", init_kl_coef=0, max_samples=12,
+                     actor_num_gpus_per_node=1, rollout_backend="hf", init_kl_coef=0, max_samples=40,
                      remote_call_timeout=120)
     proc, _ = start_ppo(argv, cluster.env)
     metrics = tmp_path / "run" / "metrics.jsonl"
@@ -188,4 +188,4 @@ def test_lost_node_ends_the_run_with_the_error_naming_it(three_node_cluster, tin
         stderr[-3000:]
     assert took < 120  # named when Ray reports the node dead, not at the deadline
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert rows[-1]["step"] < 3  # it stopped: no step ran past the loss
+    assert rows[-1]["step"] < 10  # it stopped before the end (on a quiet machine a step or two may finish first)
