@@ -47,6 +47,8 @@ _SOURCES = "tests/rewards/test_sources.py::"
 _BIE = "tests/inference/test_batch_inference.py::"
 _PPO_FULL = "tests/rl/test_ppo_full.py::"
 _PPO_OPTS = "tests/rl/test_ppo_options.py::"
+# joins a running 3-node cluster by --ray_address, 2 engines from the flags, a quiet console
+_SPREAD = "tests/cluster/test_multinode.py::test_roles_spread_over_three_nodes_match_one_node"
 _PPO_RUN = "tests/rl/test_ppo.py::"
 _SFT_DATA = "tests/data/test_sft.py::"
 _PREF_DATA = "tests/data/test_preference.py::"
@@ -85,7 +87,7 @@ EFFECTS: dict[str, Effect] = {
     "pretrain": _t("the model that is loaded, trained and saved",
                    _SCAFFOLD, _SFT_E2E + "test_sft_one_rank_learns_and_saves_a_loadable_hf_model"),
     "ppo:pretrain": _t("the policy (its tokenizer formats the prompts)", _PPO_SETUP,
-                       _PPO_OPTS + "test_joins_a_running_cluster_by_address"),
+                       _SPREAD),
     "batch-inference:pretrain": _t("the policy sampled from (its tokenizer formats the prompts); with --eval_task "
                                    "rm and no reward flag, the reward model",
                                    _BI + "test_sampling_and_tokenizer_flags_reach_generation",
@@ -350,8 +352,8 @@ EFFECTS: dict[str, Effect] = {
                   "keeps rlhfkit's lines; with it, live on the console",
                   "tests/observability/test_quiet_console.py::"
                   "test_verbose_keeps_the_actors_output_live_and_otherwise_it_goes_to_the_run_folder",
-                  _PPO_OPTS + "test_joins_a_running_cluster_by_address"),
-    "ray_address": _t("joins that Ray cluster", _PPO_OPTS + "test_joins_a_running_cluster_by_address",
+                  _SPREAD),
+    "ray_address": _t("joins that Ray cluster", _SPREAD,
                       _BI + "test_engine_flags_reach_the_engines"),
     "torch_threads_per_worker": _t("torch threads of each worker",
                                    "tests/rl/test_cpu_threads.py::"
@@ -559,7 +561,7 @@ _FULL = "tests/rl/test_ppo_full.py::"
 _SYNC = "tests/rl/test_sync_check.py::"
 EFFECTS.update({
     "ppo:vllm_num_engines": _t("that many engine actors, the prompts of a step split between them",
-                               _OWN + "test_two_engines_from_flags_share_the_rollouts"),
+                               _SPREAD),
     "ppo:colocate_all_models": _t("the engine and the reference on the actor's placement group",
                                   _OWN + "test_colocate_all_models_puts_the_engine_on_the_actors_bundle"),
     "ppo:colocate_actor_ref": _t("the reference on the actor's placement group, critic and reward model apart",
