@@ -28,6 +28,7 @@ from rlhfkit.config.plan import kl_mode_of
 from rlhfkit.engine.checkpoint import load_checkpoint, save_checkpoint, save_hf_folder
 from rlhfkit.engine.cpu_threads import set_cpu_threads
 from rlhfkit.engine.distributed import init_distributed
+from rlhfkit.engine.ema import resolved_ema_beta
 from rlhfkit.engine.fsdp import shard_model
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.models.logprobs import log_probs_from_logits
@@ -128,9 +129,9 @@ class ModelWorker:
 
                 model = apply_lora(model, self.cfg.lora_rank, self.cfg.lora_alpha, self.cfg.target_modules,
                                    self.cfg.lora_dropout)
-            ema = self.role == "actor" and getattr(self.cfg, "enable_ema", False)  # --enable_ema: the actor's EMA
+            ema_beta = resolved_ema_beta(self.cfg) if self.role == "actor" else None  # --enable_ema: the actor's
             self.engine = TrainEngine(model, self.cfg, self.dist, total_steps, learning_rate, role=self.role,
-                                      ema_beta=(self.cfg.ema_beta or 0.992) if ema else None)
+                                      ema_beta=ema_beta)
             self.model = self.engine.model
             self.has_dropout = has_active_dropout(model)
         else:
