@@ -113,7 +113,8 @@ def main() -> None:
         print(f"{name:20s} log-probs {r['median_s']['log_probs']:.2f} s  policy step "
               f"{r['median_s']['policy_step']:.2f} s  first policy loss {r['first_policy_loss']:.6f}  "
               f"runs {json.dumps(r['timings'])}")
-    print(f"peak RSS of the largest process: 1 rank {one['peak_rss_mib']:.0f} MiB, ring 2 {ring['peak_rss_mib']:.0f} MiB")
+    print(f"peak RSS of the largest process: 1 rank {one['peak_rss_mib']:.0f} MiB, "
+          f"ring 2 {ring['peak_rss_mib']:.0f} MiB")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "ring_ppo.json").write_text(json.dumps(record, indent=1))
 
