@@ -102,6 +102,7 @@ def test_ppo_ring_flags_are_checked_against_the_roles():
                             "--ptx_coef", "0.1", "--init_kl_coef", "0", "--critic_num_gpus_per_node", "2"))
 
 
+@pytest.mark.slow
 def test_a_ppo_step_with_ring_attn_size_2_equals_one_rank(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
                                                           tmp_path):
     """One step on 1 actor rank and on 2 actor ranks forming one ring group (each sequence split in two) gives the
