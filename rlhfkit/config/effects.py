@@ -215,9 +215,13 @@ EFFECTS: dict[str, Effect] = {
                                "unsharded result); without --ring_attn_size > 1 refused",
                                _RING_PPO + "test_ring_workers_equal_the_unsharded_workers",
                                _RING_PPO + "test_ppo_ring_flags_are_checked_against_the_roles"),
-    **{f"{command}:{flag}": _t("refused with the reason (context parallel covers sft, rm, dpo, kto and ppo)",
-                               _RING + "test_commands_without_context_parallel_refuse_the_ring_flags")
-       for command in ("kd", "prm") for flag in ("ring_attn_size", "ring_head_stride")},
+    **{f"kd:{flag}": _t("student and teacher split each sequence over the ring group; the KD loss (NLL + KL to the "
+                        "teacher) and its gradients on 2 gloo ranks equal the unsharded ones, padded and packed",
+                        _RING + "test_ring_attention_over_two_ranks_equals_the_unsharded_forward")
+       for flag in ("ring_attn_size", "ring_head_stride")},
+    **{f"prm:{flag}": _t("refused with the reason (context parallel covers sft, rm, dpo, kto, kd and ppo)",
+                         _RING + "test_commands_without_context_parallel_refuse_the_ring_flags")
+       for flag in ("ring_attn_size", "ring_head_stride")},
     "ppo:eval_steps": _t("evaluate every N steps", _OLD_LP + "test_reused_old_log_probs_give_the_same_run"),
     # ---- checkpoints
     "save_path": _t("where the final HF folder is written", _SHORT_RUN),

@@ -59,9 +59,9 @@ def rejection_reason(name: str, command: str = "") -> str | None:
     return COMMAND_REJECTED_FLAGS.get(command, {}).get(name)
 
 _RING_FLAGS = ("ring_attn_size", "ring_head_stride")
-_NO_RING_WHY = {"kd": "the student and the teacher", "prm": "the step placeholders"}
-_NO_RING = ("context parallel (ring attention) is implemented for sft, rm, dpo, kto and ppo, not for {command}: {why}; "
-            "drop the flag and fit each sequence on one rank (e.g. with --gradient_checkpointing)")
+_NO_RING_WHY = {"prm": "the step placeholders"}
+_NO_RING = ("context parallel (ring attention) is implemented for sft, rm, dpo, kto, kd and ppo, not for {command}: "
+            "{why}; drop the flag and fit each sequence on one rank (e.g. with --gradient_checkpointing)")
 
 # Flags a command's shared option groups declare but that command does not act on: refused when given (on the
 # command line or in --config) instead of silently ignored. command -> flag -> reason.

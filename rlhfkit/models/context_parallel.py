@@ -141,6 +141,12 @@ def gather_along(tensor: torch.Tensor, dim: int, ring: RingGroup) -> torch.Tenso
     return _GatherSequence.apply(tensor, dim, ring.group, ring.rank, ring.size)
 
 
+def sum_over_ring(tensor: torch.Tensor, ring: RingGroup) -> torch.Tensor:
+    """The sum of `tensor` over the ring group's ranks, on every rank (autograd: the gather's backward, so each rank's
+    part gets the group's summed upstream gradient, the N-fold one of the loss convention above)."""
+    return gather_along(tensor[None], 0, ring).sum(0)
+
+
 def ring_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                            attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                            **kwargs: Any) -> tuple[torch.Tensor, None]:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from rlhfkit.algorithms.entropy import entropy_from_logits
 from rlhfkit.errors import ConfigError
-from rlhfkit.models.context_parallel import RingGroup, gather_along, setup_ring_attention, shard_forward_kwargs
+from rlhfkit.models.context_parallel import RingGroup, setup_ring_attention, shard_forward_kwargs, sum_over_ring
 from rlhfkit.models.logprobs import log_probs_from_logits
 from rlhfkit.models.positions import position_ids
 from rlhfkit.rl.experience import split_rows
@@ -76,11 +76,6 @@ def setup_worker_ring(role: str, cfg: Any) -> RingGroup | None:
     roles that are not split."""
     size = ring_size_of(role, vars(cfg))
     return setup_ring_attention(size, cfg.ring_head_stride) if size > 1 else None
-
-
-def sum_over_ring(tensor: torch.Tensor, ring: RingGroup) -> torch.Tensor:
-    """The sum of `tensor` over the ring group's ranks, on every rank (autograd: the gather's backward)."""
-    return gather_along(tensor[None], 0, ring).sum(0)
 
 
 def _kept_logits(model: torch.nn.Module, forward_kwargs: dict[str, torch.Tensor], keep: torch.Tensor,
