@@ -208,7 +208,6 @@ EFFECTS: dict[str, Effect] = {
                              "values and loss gradients, padded and packed; a 1-step ppo run on 2 actor ranks with "
                              "--ring_attn_size 2 reproduces the 1-rank step; a size not dividing a role's ranks is "
                              "refused", _RING_PPO + "test_ring_workers_equal_the_unsharded_workers",
-                             _RING_PPO + "test_a_ring_group_takes_the_rows_of_one_data_parallel_rank",
                              _RING_PPO + "test_ppo_ring_flags_are_checked_against_the_roles",
                              _RING_PPO + "test_a_ppo_step_with_ring_attn_size_2_equals_one_rank"),
     "ppo:ring_head_stride": _t("KV heads gathered per step in the actor, reference and critic (stride 2 gives the "

@@ -89,12 +89,12 @@ def main() -> None:
     nets = models(model_dir)
     cases = [("lm", sft_loss, 1), ("lm", sft_loss, 2), ("gqa", sft_loss, 1), ("rm", value_loss, 1),
              ("kd", kd_loss, 1)]
-    results: dict = {"reference": {}, "ring": {}}
+    results: dict = {"reference": {}, "ring": {}, "ring_attn_size": world}
     for name, loss_fn, _ in cases:
         for layout, batch in batches().items():
             results["reference"][(name, layout)] = run(nets[name], loss_fn, batch, 1)
     for name, loss_fn, stride in cases:
-        cp.setup_ring_attention(world, head_stride=stride)
+        cp.setup_ring_attention(results["ring_attn_size"], head_stride=stride)
         ringed = [nets[name]] + ([TEACHER["model"]] if name == "kd" else [])
         for net in ringed:
             cp.use_ring_attention(net)

@@ -35,6 +35,7 @@ def run_two_ranks(tmp_path: Path, model_dir: str) -> list[dict]:
 def test_ring_attention_over_two_ranks_equals_the_unsharded_forward(tmp_path, tiny_model_dir):
     ranks = run_two_ranks(tmp_path, tiny_model_dir)
     reference = ranks[0]["reference"]
+    assert ranks[0]["ring_attn_size"] == 2  # each sequence split over the two ranks (lm, gqa, rm, kd)
     assert set(ranks[0]["ring"]) == {(m, layout, s) for m, s in (("lm", 1), ("lm", 2), ("gqa", 1), ("rm", 1),
                                                                  ("kd", 1)) for layout in ("padded", "packed")}
     for (model, layout, stride), got in ranks[0]["ring"].items():

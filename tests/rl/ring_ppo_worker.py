@@ -1,12 +1,13 @@
 """One rank of the gloo check in test_ring_ppo.py (a script, not collected by pytest).
 
-argv: rank world_size master_port model_dir reward_model_dir output_file. The ring size is the world size (1: the
-unsharded reference, 2: each sequence split over the two ranks, head stride 2). The rank builds ppo's real actor,
+argv: rank world_size master_port model_dir reward_model_dir output_file flags_json (the ring flags: none for the
+unsharded reference; --ring_attn_size 2 for each sequence split over the two ranks). The rank builds ppo's real actor,
 reference and critic workers (`rlhfkit.rl.worker.ModelWorker`, as the Ray actors do) and, for a padded and a packed
 layout of the same micro-batches, records the actor's and reference's log-probs, the critic's values, and one policy
 and one value step: their metrics and the full parameter gradients the optimizer sees; output with torch.save.
 """
 
+import json
 import sys
 
 import torch
@@ -46,12 +47,12 @@ def capture_gradients(worker: ModelWorker, into: dict) -> None:
 
 
 def main() -> None:
-    rank, world, port, model_dir, reward_dir, output_file = sys.argv[1:7]
+    rank, world, port, model_dir, reward_dir, output_file, ring_flags = sys.argv[1:8]
     rank, world = int(rank), int(world)
     flags = {"pretrain": model_dir, "prompt_data": "p", "remote_rm_url": "builtin:format", "advantage_estimator": "gae",
              "actor_learning_rate": 1e-3, "critic_learning_rate": 1e-3, "micro_train_batch_size": 3,
              "micro_rollout_batch_size": 4, "temperature": 0.7, "init_kl_coef": 0.1, "use_kl_loss": True,
-             "kl_estimator": "k3", "seed": 1, "ring_attn_size": world, "ring_head_stride": 2 if world > 1 else 1}
+             "kl_estimator": "k3", "seed": 1, **json.loads(ring_flags)}
     cfg = {**config_to_dict(parse_config("ppo", GROUPS, flags_to_argv(flags))), "torch_threads_per_worker": 1}
     workers = {role: ModelWorker(role, cfg, rank, world, "127.0.0.1", int(port)) for role in ("actor", "ref", "critic")}
     workers["actor"].init_model(model_dir, True, 10, 0.0)  # lr 0: both layouts see the same weights

@@ -5,6 +5,7 @@ the actor's two ranks in one ring group equals the 1-rank step."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,20 +24,21 @@ WORKER = Path(__file__).with_name("ring_ppo_worker.py")
 ATOL = 1e-5
 
 
-def run_ranks(tmp_path: Path, world: int, model_dir: str, reward_dir: str) -> list[subprocess.Popen]:
+def run_ranks(tmp_path: Path, world: int, model_dir: str, reward_dir: str, flags: dict) -> list[subprocess.Popen]:
+    """`world` ranks of ring_ppo_worker.py, the ppo `flags` (ring size, head stride) as a JSON argument."""
     from rlhfkit.engine.distributed import free_port
 
     loopback = "lo0" if sys.platform == "darwin" else "lo"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": loopback, "PYTHONPATH": str(REPO)}
     port = str(free_port())
     return [subprocess.Popen([sys.executable, str(WORKER), str(rank), str(world), port, model_dir, reward_dir,
-                              str(tmp_path / f"w{world}_rank{rank}.pt")], cwd=REPO, env=env,
+                              str(tmp_path / f"w{world}_rank{rank}.pt"), json.dumps(flags)], cwd=REPO, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(world)]
 
 
 def test_ring_workers_equal_the_unsharded_workers(tmp_path, tiny_model_dir, tiny_reward_model_dir):
-    procs = run_ranks(tmp_path, 1, tiny_model_dir, tiny_reward_model_dir) + \
-        run_ranks(tmp_path, 2, tiny_model_dir, tiny_reward_model_dir)
+    procs = run_ranks(tmp_path, 1, tiny_model_dir, tiny_reward_model_dir, {}) + \
+        run_ranks(tmp_path, 2, tiny_model_dir, tiny_reward_model_dir, {"ring_attn_size": 2, "ring_head_stride": 2})
     for p in procs:
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out
