@@ -70,6 +70,7 @@ _BEST = "tests/trainers/test_best_checkpoint.py::"
 _EMA = "tests/engine/test_ema.py::"
 _RING = "tests/models/test_context_parallel.py::"
 _RING_E2E = "tests/e2e/test_ring_attention.py::"
+_RING_PPO = "tests/rl/test_ring_ppo.py::"
 
 _CUDA_ONLY = ("FSDP2's CPUOffloadPolicy is applied on CUDA only; on a CPU machine parameters, gradients and optimizer "
               "state already live in host memory, so the flag is accepted and changes nothing there")
@@ -204,9 +205,24 @@ EFFECTS: dict[str, Effect] = {
                            _RING + "test_ring_attention_over_two_ranks_equals_the_unsharded_forward",
                            _RING + "test_ring_size_must_divide_the_world_size",
                            _RING_E2E + "test_sft_ring_attn_size_2_reproduces_one_rank"),
-    **{f"{command}:{flag}": _t("refused with the reason (context parallel covers sft, rm, dpo and kto)",
-                               _RING + "test_commands_without_context_parallel_refuse_the_ring_flags")
-       for command in ("ppo", "kd", "prm") for flag in ("ring_attn_size", "ring_head_stride")},
+    "ppo:ring_attn_size": _t("the actor, reference and critic ranks split each sequence over N ranks (world = data "
+                             "parallel x N; reward models unsplit): 2 gloo ranks give the 1-rank log-probs, entropy, "
+                             "values and loss gradients, padded and packed; a 1-step ppo run on 2 actor ranks with "
+                             "--ring_attn_size 2 reproduces the 1-rank step; a size not dividing a role's ranks is "
+                             "refused", _RING_PPO + "test_ring_workers_equal_the_unsharded_workers",
+                             _RING_PPO + "test_ppo_ring_flags_are_checked_against_the_roles",
+                             _RING_PPO + "test_a_ppo_step_with_ring_attn_size_2_equals_one_rank"),
+    "ppo:ring_head_stride": _t("KV heads gathered per step in the actor, reference and critic (stride 2 gives the "
+                               "unsharded result); without --ring_attn_size > 1 refused",
+                               _RING_PPO + "test_ring_workers_equal_the_unsharded_workers",
+                               _RING_PPO + "test_ppo_ring_flags_are_checked_against_the_roles"),
+    **{f"kd:{flag}": _t("student and teacher split each sequence over the ring group; the KD loss (NLL + KL to the "
+                        "teacher) and its gradients on 2 gloo ranks equal the unsharded ones, padded and packed",
+                        _RING + "test_ring_attention_over_two_ranks_equals_the_unsharded_forward")
+       for flag in ("ring_attn_size", "ring_head_stride")},
+    **{f"prm:{flag}": _t("refused with the reason (context parallel covers sft, rm, dpo, kto, kd and ppo)",
+                         _RING + "test_commands_without_context_parallel_refuse_the_ring_flags")
+       for flag in ("ring_attn_size", "ring_head_stride")},
     "ppo:eval_steps": _t("evaluate every N steps", _OLD_LP + "test_reused_old_log_probs_give_the_same_run"),
     # ---- checkpoints
     "save_path": _t("where the final HF folder is written", _SHORT_RUN),

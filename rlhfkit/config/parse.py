@@ -59,9 +59,9 @@ def rejection_reason(name: str, command: str = "") -> str | None:
     return COMMAND_REJECTED_FLAGS.get(command, {}).get(name)
 
 _RING_FLAGS = ("ring_attn_size", "ring_head_stride")
-_NO_RING_WHY = {"kd": "the student and the teacher", "prm": "the step placeholders"}
-_NO_RING = ("context parallel (ring attention) is implemented for sft, rm, dpo and kto, not for {command}: {why}; "
-            "drop the flag and fit each sequence on one rank (e.g. with --gradient_checkpointing)")
+_NO_RING_WHY = {"prm": "the step placeholders"}
+_NO_RING = ("context parallel (ring attention) is implemented for sft, rm, dpo, kto, kd and ppo, not for {command}: "
+            "{why}; drop the flag and fit each sequence on one rank (e.g. with --gradient_checkpointing)")
 
 # Flags a command's shared option groups declare but that command does not act on: refused when given (on the
 # command line or in --config) instead of silently ignored. command -> flag -> reason.
@@ -70,8 +70,6 @@ COMMAND_REJECTED_FLAGS: dict[str, dict[str, str]] = {
         "learning_rate": "ppo trains two models: use --actor_learning_rate and --critic_learning_rate",
         "logging_steps": dialect.PPO_LOGGING,
         "full_determinism": "not implemented for the Ray workers of ppo; drop the flag (runs are seeded by --seed)",
-        **{flag: _NO_RING.format(command="ppo", why="the actor, critic and reference workers do not shard sequences "
-                                 "yet (docs/parallelism.md)") for flag in _RING_FLAGS},
     },
     **{command: {"deepspeed_enable_sleep": reason} for command, reason in _SLEEP_REFUSED.items()
        if command not in _NO_RING_WHY},
