@@ -115,8 +115,8 @@ def test_roles_spread_over_three_nodes_match_one_node(three_node_cluster, tiny_m
 
 def assert_joined_with_a_quiet_console(out: Path) -> None:
     """A run that joined a cluster by --ray_address did not start its own Ray, and its console (no --verbose) holds
-    the table, the progress bar and rlhfkit's own lines; vLLM's and the workers' logs are in the run folder, one file per
-    model rank and engine."""
+    the table, the progress bar and rlhfkit's own lines; vLLM's and the workers' logs are in the run folder, one file
+    per model rank and engine."""
     stdout, stderr = (out / "stdout.txt").read_text(), (out / "stderr.txt").read_text()
     assert "Started a local Ray instance" not in stderr
     console = (stdout + stderr).splitlines()
