@@ -63,6 +63,9 @@ _NO_RING_WHY = {"kd": "the student and the teacher", "prm": "the step placeholde
 _NO_RING = ("context parallel (ring attention) is implemented for sft, rm, dpo and kto, not for {command}: {why}; "
             "drop the flag and fit each sequence on one rank (e.g. with --gradient_checkpointing)")
 
+_PAIR_KEYS = ("{command} reads chosen/rejected pairs, not input/output rows (OpenRLHF's train_{command} has no such "
+              "flag): name the row keys with --prompt_key, --chosen_key and --rejected_key")
+
 # Flags a command's shared option groups declare but that command does not act on: refused when given (on the
 # command line or in --config) instead of silently ignored. command -> flag -> reason.
 COMMAND_REJECTED_FLAGS: dict[str, dict[str, str]] = {
@@ -81,6 +84,9 @@ COMMAND_REJECTED_FLAGS: dict[str, dict[str, str]] = {
                     for flag in _RING_FLAGS}}
        for command, what in _NO_RING_WHY.items()},
 }
+for _command in ("rm", "dpo"):
+    COMMAND_REJECTED_FLAGS[_command].update({flag: _PAIR_KEYS.format(command=_command)
+                                             for flag in ("input_key", "output_key")})
 
 
 def _flag_type(tp: Any) -> tuple[Any, str | None]:
