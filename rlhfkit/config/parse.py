@@ -42,6 +42,8 @@ _OFFLINE_SLEEP = ("only ppo has phases (generation, then training) to put traine
 _NO_CHECKPOINTS = "batch-inference trains nothing and writes no checkpoint; drop the flag"
 REJECTED_FLAG_REASONS: dict[str, dict[str, str]] = {
     "batch-inference": {"disable_ds_ckpt": _NO_CHECKPOINTS, "max_ckpt_mem": _NO_CHECKPOINTS},
+    "serve-rm": {flag: _NO_CHECKPOINTS.replace("batch-inference", "serve-rm")
+                 for flag in ("disable_ds_ckpt", "max_ckpt_mem")},
 }
 # --deepspeed_enable_sleep: ppo maps it to --fsdp_enable_offload (rlhfkit.config.dialect); the others refuse it.
 _SLEEP_REFUSED: dict[str, str] = {
@@ -83,6 +85,10 @@ COMMAND_REJECTED_FLAGS: dict[str, dict[str, str]] = {
                                           "which the context-parallel path does not gather (docs/parallelism.md)")
                     for flag in _RING_FLAGS}}
        for command, what in _NO_RING_WHY.items()},
+}
+COMMAND_REJECTED_FLAGS["serve-rm"] = {
+    "load_in_4bit": "4-bit loading is not supported; serve the model in bf16/fp16/fp32",
+    "packing_samples": "serve-rm scores padded micro-batches; drop the flag",
 }
 for _command in ("rm", "dpo"):
     COMMAND_REJECTED_FLAGS[_command].update({flag: _PAIR_KEYS.format(command=_command)
