@@ -120,7 +120,8 @@ EFFECTS: dict[str, Effect] = {
     "gradient_checkpointing_use_reentrant": _t("the checkpoint function's use_reentrant",
                                                _OPT + "test_gradient_checkpointing_flags_reach_the_model"),
     "disable_fast_tokenizer": NoEffect(
-        "transformers 5 loads the tokenizers-backed (fast) tokenizer whatever use_fast says when the model has a "
+        "passed on as AutoTokenizer.from_pretrained(use_fast=False) (offline commands, batch-inference, serve-rm), "
+        "but transformers 5 loads the tokenizers-backed (fast) tokenizer whatever use_fast says when the model has a "
         "tokenizer.json (every model rlhfkit loads); accepted for OpenRLHF compatibility, the tokenizer is the same"),
     "lora_rank": _t("LoRA adapters of this rank (0: full fine-tuning); the ppo actor uses the same apply_lora call",
                     _SCAFFOLD, "tests/rl/test_lora_rl.py::test_lora_actor_syncs_merged_weights_to_the_engine"),
@@ -292,8 +293,12 @@ EFFECTS: dict[str, Effect] = {
     "margin_loss": _t("each pair carries its margin into the batch the loss reads",
                       _OPT + "test_preference_keys_and_the_rm_margin"),
     "margin_key": _t("the row key the margin is read from", _OPT + "test_preference_keys_and_the_rm_margin"),
-    "compute_fp32_loss": NoEffect("rlhfkit always computes the reward-model loss in float32; the flag is accepted "
-                                  "for OpenRLHF compatibility"),
+    "compute_fp32_loss": _t("the reward-model loss is float32 always: the switch is the default, "
+                            "--no-compute_fp32_loss is refused",
+                            _OPT + "test_pair_commands_refuse_row_keys_and_a_loss_outside_float32"),
+    **{f"{_command}:{_flag}": _t("refused with the reason (pairs: --prompt_key, --chosen_key, --rejected_key)",
+                                 _OPT + "test_pair_commands_refuse_row_keys_and_a_loss_outside_float32")
+       for _command in ("rm", "dpo") for _flag in ("input_key", "output_key")},
     "value_head_prefix": NoEffect("the only accepted value is 'score' (the head rlhfkit's reward models and critic "
                                   "have); any other value is refused by the parser"),
     "serve-rm:value_head_prefix": _t("anything but 'score' is refused",

@@ -42,6 +42,8 @@ _OFFLINE_SLEEP = ("only ppo has phases (generation, then training) to put traine
 _NO_CHECKPOINTS = "batch-inference trains nothing and writes no checkpoint; drop the flag"
 REJECTED_FLAG_REASONS: dict[str, dict[str, str]] = {
     "batch-inference": {"disable_ds_ckpt": _NO_CHECKPOINTS, "max_ckpt_mem": _NO_CHECKPOINTS},
+    "serve-rm": {flag: _NO_CHECKPOINTS.replace("batch-inference", "serve-rm")
+                 for flag in ("disable_ds_ckpt", "max_ckpt_mem")},
 }
 # --deepspeed_enable_sleep: ppo maps it to --fsdp_enable_offload (rlhfkit.config.dialect); the others refuse it.
 _SLEEP_REFUSED: dict[str, str] = {
@@ -63,6 +65,9 @@ _NO_RING_WHY = {"prm": "the step placeholders"}
 _NO_RING = ("context parallel (ring attention) is implemented for sft, rm, dpo, kto, kd and ppo, not for {command}: "
             "{why}; drop the flag and fit each sequence on one rank (e.g. with --gradient_checkpointing)")
 
+_PAIR_KEYS = ("{command} reads chosen/rejected pairs, not input/output rows (OpenRLHF's train_{command} has no such "
+              "flag): name the row keys with --prompt_key, --chosen_key and --rejected_key")
+
 # Flags a command's shared option groups declare but that command does not act on: refused when given (on the
 # command line or in --config) instead of silently ignored. command -> flag -> reason.
 COMMAND_REJECTED_FLAGS: dict[str, dict[str, str]] = {
@@ -79,6 +84,13 @@ COMMAND_REJECTED_FLAGS: dict[str, dict[str, str]] = {
                     for flag in _RING_FLAGS}}
        for command, what in _NO_RING_WHY.items()},
 }
+COMMAND_REJECTED_FLAGS["serve-rm"] = {
+    "load_in_4bit": "4-bit loading is not supported; serve the model in bf16/fp16/fp32",
+    "packing_samples": "serve-rm scores padded micro-batches; drop the flag",
+}
+for _command in ("rm", "dpo"):
+    COMMAND_REJECTED_FLAGS[_command].update({flag: _PAIR_KEYS.format(command=_command)
+                                             for flag in ("input_key", "output_key")})
 
 
 def _flag_type(tp: Any) -> tuple[Any, str | None]:

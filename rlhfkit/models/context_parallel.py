@@ -109,7 +109,8 @@ def register_ring_attention() -> None:
 
 def use_ring_attention(model: torch.nn.Module) -> None:
     """Switch ``model`` (a transformers model, possibly PEFT-wrapped) to the ring attention function."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hf: Any = model  # a transformers model: get_base_model (PEFT) and config are not nn.Module's
+    inner: Any = hf.get_base_model() if hasattr(hf, "get_base_model") else hf
     heads = getattr(inner.config, "num_key_value_heads", None) or inner.config.num_attention_heads
     if _RING is not None and heads % _RING.head_stride:
         from rlhfkit.errors import ConfigError

@@ -162,16 +162,13 @@ def test_a_negative_switch_and_a_prefix_of_a_dotted_flag():
 
 
 def test_serve_rm_and_lora_merge_take_the_dotted_names(tmp_path):
-    from rlhfkit.cli import lora_merge
-    from rlhfkit.rewards.server import REJECTED, build_parser
+    from rlhfkit.cli import lora_merge, serve_rm
 
-    parser = build_parser()
-    argv = dialect.rewrite_argv("serve-rm", ["--reward.model_name_or_path", "rm", "--reward.normalize_enable",
-                                             "--data.max_len", "32", "--ds.param_dtype", "bf16"], parser, REJECTED.get)
-    args = parser.parse_args(argv)
+    args = parse_config("serve-rm", serve_rm.GROUPS, ["--reward.model_name_or_path", "rm", "--reward.normalize_enable",
+                                                      "--data.max_len", "32", "--ds.param_dtype", "bf16"])
     assert (args.reward_pretrain, args.normalize_reward, args.max_len, args.param_dtype) == ("rm", True, 32, "bf16")
     with pytest.raises(ConfigError, match="--ds.load_in_4bit .* 4-bit loading is not supported"):
-        dialect.rewrite_argv("serve-rm", ["--ds.load_in_4bit"], parser, REJECTED.get)
+        parse_config("serve-rm", serve_rm.GROUPS, ["--ds.load_in_4bit"])
     with pytest.raises(ConfigError, match="--is_rm is not supported: not needed"):
         lora_merge.main(["--model_path", "m", "--lora_path", "l", "--output_path", str(tmp_path), "--is_rm"])
 
