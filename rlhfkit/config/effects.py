@@ -120,9 +120,10 @@ EFFECTS: dict[str, Effect] = {
     "gradient_checkpointing_use_reentrant": _t("the checkpoint function's use_reentrant",
                                                _OPT + "test_gradient_checkpointing_flags_reach_the_model"),
     "disable_fast_tokenizer": NoEffect(
-        "passed on as AutoTokenizer.from_pretrained(use_fast=False) (offline commands, batch-inference, serve-rm), "
-        "but transformers 5 loads the tokenizers-backed (fast) tokenizer whatever use_fast says when the model has a "
-        "tokenizer.json (every model rlhfkit loads); accepted for OpenRLHF compatibility, the tokenizer is the same"),
+        "passed on as AutoTokenizer.from_pretrained(use_fast=False) (offline commands, ppo, batch-inference, "
+        "serve-rm), but transformers 5 loads the tokenizers-backed (fast) tokenizer whatever use_fast says when "
+        "the model has a tokenizer.json (every model rlhfkit loads); accepted for OpenRLHF compatibility, the "
+        "tokenizer is the same"),
     "lora_rank": _t("LoRA adapters of this rank (0: full fine-tuning); the ppo actor uses the same apply_lora call",
                     _SCAFFOLD, "tests/rl/test_lora_rl.py::test_lora_actor_syncs_merged_weights_to_the_engine"),
     "lora_alpha": _t("the adapters' alpha", _SCAFFOLD,

@@ -454,7 +454,7 @@ def build_setup(cfg: Any, engines: list[Any] | None = None, best: Any = None) ->
     apply_precision(cfg, "cuda" if has_gpus else "cpu", touch_device=False)
     prepare_run_dir(cfg, True, plan.world("actor"), torchrun=False)  # the driver starts the ranks: no torchrun
     cfg.pretrain = resolve_pretrain(cfg.pretrain)
-    tokenizer = load_tokenizer(cfg.pretrain)
+    tokenizer = load_tokenizer(cfg.pretrain, use_fast=not cfg.disable_fast_tokenizer)
     if cfg.tokenizer_chat_template:
         tokenizer.chat_template = cfg.tokenizer_chat_template
     prompts = load_prompts(cfg, tokenizer, cfg.prompt_data, cfg.prompt_split, cfg.prompt_data_probs)

@@ -49,12 +49,6 @@ internal_imports = _LAYERING.internal_imports
 # Modules that name every flag without reading it: declarations, the dialect and the effect registry, the parser.
 METADATA = {"rlhfkit.config.dialect", "rlhfkit.config.effects", "rlhfkit.config.effects_ppo", "rlhfkit.config.parse"}
 MIN_LITERAL = 3
-# Unread flags whose wiring is a change in a file another change owns right now: command -> flag -> the fix.
-PENDING = {
-    "ppo": {"disable_fast_tokenizer": "rl/setup.py's load_tokenizer(cfg.pretrain) takes "
-                                      "use_fast=not cfg.disable_fast_tokenizer (as trainers/common.py does); inert "
-                                      "under transformers 5 either way (rlhfkit/config/effects.py)"},
-}
 
 
 def command_path(command: str) -> set[str]:
@@ -171,7 +165,7 @@ def unread_flags(command: str) -> list[str]:
     pinned = _pinned(command)
     return [flag for flag in command_flags(command)
             if flag not in names and not regex.fullmatch(flag) and flag not in pinned
-            and rejection_reason(flag, command) is None and flag not in PENDING.get(command, {})]
+            and rejection_reason(flag, command) is None]
 
 
 def test_the_rule_on_examples(tmp_path, monkeypatch):
@@ -197,16 +191,6 @@ def test_the_rule_on_examples(tmp_path, monkeypatch):
     for unread in ("delta", "epsilon", "actor_learning_rate"):   # f"{role}_{x}" alone says nothing
         assert not regex.fullmatch(unread), unread
     module_reads.cache_clear()
-
-
-def test_pending_flags_are_still_unread():
-    """An entry of PENDING goes once its flag is wired."""
-    for command, flags in list(PENDING.items()):
-        del PENDING[command]
-        try:
-            assert set(flags) <= set(unread_flags(command)), f"{command}: wired now, drop it from PENDING"
-        finally:
-            PENDING[command] = flags
 
 
 @pytest.mark.parametrize("command", sorted(commands()))
