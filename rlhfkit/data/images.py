@@ -17,6 +17,7 @@ from typing import Any
 from rlhfkit.errors import ConfigError
 
 _DATA_URL_PREFIX = "data:"
+_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif", ".tiff")
 
 
 def row_images(row: dict[str, Any], row_index: int, image_key: str, max_images: int,
@@ -67,9 +68,9 @@ def _read_string(item: str, where: str, base_dir: str | None) -> tuple[bytes, st
     if os.path.exists(path):
         with open(path, "rb") as handle:
             return handle.read(), f"file {path}"
-    if len(item) > 256:  # no such file and too long for a path: base64 text (any real image is longer)
-        return _b64(item, where), "base64 string"
-    raise ConfigError(f"{where}: image file {path} does not exist")
+    if os.path.splitext(item)[1].lower() in _IMAGE_SUFFIXES or "/" in item[:1]:
+        raise ConfigError(f"{where}: image file {path} does not exist")
+    return _b64(item, where), "base64 string"
 
 
 def _b64(text: str, where: str) -> bytes:
