@@ -41,6 +41,8 @@ def build_tiny_vlm(out_dir: str, *, seed: int = 0, hidden: int = 64) -> str:
     processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=IMAGE_SEQ_LEN,
                                   chat_template=tokenizer.chat_template)
     heads = hidden // HEAD_DIM
+    image_token_id = tokenizer.convert_tokens_to_ids("<image>")
+    assert isinstance(image_token_id, int)
     text = dict(model_type="llama", vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
                 num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=heads, head_dim=HEAD_DIM,
                 max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
@@ -49,7 +51,7 @@ def build_tiny_vlm(out_dir: str, *, seed: int = 0, hidden: int = 64) -> str:
     vision = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2, num_attention_heads=heads,
                   image_size=IMAGE_SIZE, patch_size=PATCH_SIZE)
     config = Idefics3Config(vision_config=vision, text_config=text, scale_factor=SCALE_FACTOR,
-                            image_token_id=tokenizer.convert_tokens_to_ids("<image>"), tie_word_embeddings=True,
+                            image_token_id=image_token_id, tie_word_embeddings=True,
                             pad_token_id=tokenizer.pad_token_id)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

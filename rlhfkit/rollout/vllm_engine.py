@@ -149,9 +149,10 @@ class VLLMEngine:
             scores.append([out.prompt_logprobs[t][seq[t]].logprob for t in range(len(p), len(seq))])
         return scores
 
-    def begin_weight_update(self) -> None:
-        """Start a streamed in-place weight update on every worker."""
-        self.llm.collective_rpc("rlhf_begin_weight_update")
+    def begin_weight_update(self, keep_vision_tower: bool = False) -> None:
+        """Start a streamed in-place weight update on every worker (`keep_vision_tower`: a frozen vision tower is
+        not sent and keeps its weights)."""
+        self.llm.collective_rpc("rlhf_begin_weight_update", args=(keep_vision_tower,))
 
     def load_weight_bucket(self, named_tensors: NamedTensors) -> int:
         """Load one bucket of (HF name, full tensor) pairs on every worker."""
@@ -165,6 +166,9 @@ class VLLMEngine:
             self.lora_request = None
         if self.enable_prefix_caching:
             self.reset_prefix_cache()
+        if self.llm.model_config.is_multimodal_model:  # image embeddings of the old weights, on both sides
+            self.llm.llm_engine.reset_encoder_cache()  # the scheduler's record and the runner's tensors
+            self.llm.reset_mm_cache()  # the processor cache and its receiver (else: "Encoder cache miss")
 
     def begin_lora_update(self) -> None:
         """Start an adapter-only update: the next buckets (either transport) carry LoRA A/B tensors."""
