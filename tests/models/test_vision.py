@@ -92,6 +92,7 @@ def test_frozen_vision_tower_does_not_train_and_is_not_sent(tiny_vlm_dir):
     assert sent and not any(is_vision_tower_param(n) for n in sent) and len(sent) == len(names) - len(vision)
 
 
+@pytest.mark.slow  # starts its own vLLM engine (~60 s of the test on a loaded 2-core machine)
 def test_engine_log_probs_equal_the_trainers_with_images_before_and_after_a_sync(ray_cluster, tiny_vlm_dir):
     """vLLM expands the image placeholders to the processor's ids and samples with log-probs the trainer's forward
     (pixel_values + expanded ids) reproduces within 1e-4, before and after a sync that leaves the vision tower out."""
