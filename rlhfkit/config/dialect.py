@@ -61,7 +61,8 @@ NO_COMMAND = {"interactive_chat": "rlhfkit has no interactive chat command: samp
 PPO_LOGGING = "ppo logs every step (one rollout per step); drop the flag (1 is accepted)"
 _RING_PPO = ("ring attention is implemented for sft, rm, dpo and kto, not yet for ppo's workers "
              "(docs/parallelism.md): each sample is one rank's; 1 (off) is accepted")
-_VLM = "vision-language models are not supported (text-only data and models)"
+_VLM = ("vision-language models are not supported by ppo yet (text-only data; the model, rollout and sync parts "
+        "exist: docs/multimodal.md)")
 _OFFLOAD_ROLE = "rlhfkit offloads the reference and reward models together: use --ref_reward_offload"
 
 # OpenRLHF 0.11's dotted names shared by its CLIs (train_sft, train_rm, train_dpo, train_ppo_ray, serve_rm, ...).
