@@ -59,7 +59,8 @@ NO_COMMAND = {"interactive_chat": "rlhfkit has no interactive chat command: samp
                                   "or load the saved HF folder in vLLM or transformers"}
 
 PPO_LOGGING = "ppo logs every step (one rollout per step); drop the flag (1 is accepted)"
-_VLM = "vision-language models are not supported (text-only data and models)"
+_VLM = ("vision-language models are not supported by ppo yet (text-only data; the model, rollout and sync parts "
+        "exist: docs/multimodal.md)")
 _OFFLOAD_ROLE = "rlhfkit offloads the reference and reward models together: use --ref_reward_offload"
 
 # OpenRLHF 0.11's dotted names shared by its CLIs (train_sft, train_rm, train_dpo, train_ppo_ray, serve_rm, ...).

@@ -111,7 +111,9 @@ class ModelWorker:
 
         attn = self.cfg.attn_implementation
         if scalar_head or reward_model:
-            model = load_scalar_model(pretrain, init_from_causal=not reward_model, attn_implementation=attn)
+            with torch.random.fork_rng(devices=[]):  # a fresh critic head: the same on every rank, whatever its count
+                torch.manual_seed(self.cfg.seed)
+                model = load_scalar_model(pretrain, init_from_causal=not reward_model, attn_implementation=attn)
         else:
             quantized = trainable and bool(getattr(self.cfg, "load_in_4bit", False))  # QLoRA actor
             if quantized and self.cfg.lora_rank <= 0:

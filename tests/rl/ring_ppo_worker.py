@@ -4,7 +4,8 @@ argv: rank world_size master_port model_dir reward_model_dir output_file flags_j
 unsharded reference; --ring_attn_size 2 for each sequence split over the two ranks). The rank builds ppo's real actor,
 reference and critic workers (`rlhfkit.rl.worker.ModelWorker`, as the Ray actors do) and, for a padded and a packed
 layout of the same micro-batches, records the actor's and reference's log-probs, the critic's values, and one policy
-and one value step: their metrics and the full parameter gradients the optimizer sees; output with torch.save.
+and one value step: their metrics and the full parameter gradients the optimizer sees; and the fresh value head of a
+critic started from the causal LM. Output with torch.save.
 """
 
 import json
@@ -58,10 +59,14 @@ def main() -> None:
     workers["actor"].init_model(model_dir, True, 10, 0.0)  # lr 0: both layouts see the same weights
     workers["ref"].init_model(model_dir, False)
     workers["critic"].init_model(reward_dir, True, 10, 0.0, True)
+    fresh = ModelWorker("critic", cfg, rank, world, "127.0.0.1", int(port))  # a critic started from the causal LM
+    fresh.init_model(model_dir, False, scalar_head=True)
+    head = fresh.model.score.weight
     grads: dict[str, dict] = {"actor": {}, "critic": {}}
     capture_gradients(workers["actor"], grads["actor"])
     capture_gradients(workers["critic"], grads["critic"])
-    out: dict = {"ring": [w.ring.size if w.ring else 1 for w in workers.values()]}
+    out: dict = {"ring": [w.ring.size if w.ring else 1 for w in workers.values()],
+                 "fresh_head": (head.full_tensor() if hasattr(head, "full_tensor") else head).detach().clone()}
     for layout in ("padded", "packed"):
         for w in workers.values():
             w.cfg.packing_samples = layout == "packed"

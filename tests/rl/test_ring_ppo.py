@@ -45,6 +45,10 @@ def test_ring_workers_equal_the_unsharded_workers(tmp_path, tiny_model_dir, tiny
     [want] = [torch.load(tmp_path / "w1_rank0.pt", weights_only=False)]
     ranks = [torch.load(tmp_path / f"w2_rank{r}.pt", weights_only=False) for r in range(2)]
     assert want["ring"] == [1, 1, 1] and ranks[0]["ring"] == [2, 2, 2]
+    # a critic started from the causal LM gets the same fresh value head on 1 rank and on 2 (seeded alike, not
+    # seed + rank: FSDP2 would keep each rank's own chunk of its own draw)
+    assert torch.equal(ranks[0]["fresh_head"], want["fresh_head"]) and torch.equal(ranks[1]["fresh_head"],
+                                                                                 want["fresh_head"])
     close = dict(rtol=0, atol=ATOL)
     for layout in ("padded", "packed"):
         ref = want[layout]
