@@ -102,7 +102,8 @@ def test_roles_spread_over_three_nodes_match_one_node(three_node_cluster, tiny_m
     # the engines agree with the trainer after it
     assert len(set(engines)) == 2 and any(e != actor[0] for e in engines)
     assert [r["step"] for r in multi] == [1, 2] and all(r["sync/logprob_diff"] <= 1e-3 for r in multi)
-    # --vllm_num_engines 2: the prompts of each step split between the engines (4 a step: one contiguous half each)
+    # --vllm_num_engines 2: the prompts of each step split between the engines (4 a step: one contiguous half each);
+    # the run joined by --ray_address with --pretrain the tiny model and no --verbose: a quiet console
     assert [e["prompts_generated"] for e in manifest["placement"] if "engine" in e] == [4, 4]
     assert_joined_with_a_quiet_console(tmp_path / "multi")
 
