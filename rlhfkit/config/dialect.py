@@ -128,9 +128,7 @@ PPO: dict[str, Target] = {
     "algo.dynamic_filtering_enable": "dynamic_filtering", "algo.dynamic_filtering_range":
         "dynamic_filtering_reward_range",
     "train.async_enable": "async_train", "train.async_queue_size": "async_queue_size",
-    "train.partial_rollout_enable": Refused("partial rollouts (weights swapped while a generation is in flight) "
-                                            "are not implemented: --async_train overlaps whole rollouts with "
-                                            "training, one step off-policy"),
+    "train.partial_rollout_enable": "partial_rollout",
     "train.enable_ema": "enable_ema", "train.ema_beta": "ema_beta",
     "train.dynamic_batch_enable": "use_dynamic_batch", "train.max_tokens_per_gpu": "train_max_tokens_per_gpu",
     "rollout.max_tokens_per_gpu": "rollout_max_tokens_per_gpu", "train.num_episodes": "num_episodes",

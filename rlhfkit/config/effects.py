@@ -452,8 +452,15 @@ EFFECTS: dict[str, Effect] = {
                               "test_packed_log_probs_entropy_and_gradients_equal_the_padded_forward"),
     "async_train": _t("generation one step ahead (one step off-policy), still learns",
                       "tests/rl/test_async.py::test_async_samples_one_step_behind_and_still_learns"),
-    "async_queue_size": _t("only 1 is accepted; others refused naming the flag",
-                           "tests/rl/test_async.py::test_async_contradicts_colocating_everything"),
+    "async_queue_size": _t("rollouts generated ahead; staleness logged and never above N (N=2: exactly 2 once "
+                           "the queue is full)",
+                           "tests/rl/test_async.py::test_a_queue_of_two_keeps_every_sample_at_most_two_versions_stale"),
+    "partial_rollout": _t("engines generate in chunks and resume across the weight sync; samples carry mixed "
+                          "versions and train with the IS correction; checkpoints keep the rollout in flight",
+                          "tests/rl/test_async.py::test_partial_rollouts_resume_across_the_sync_with_mixed_versions"),
+    "partial_rollout_chunk_tokens": _t("new tokens per chunk; chunked greedy generation equals one call",
+                                       "tests/rollout/test_partial.py::"
+                                       "test_chunked_generation_equals_one_call_and_records_each_chunks_version"),
     "freezing_actor_steps": _t("the actor does not train in the first N steps (no policy loss)",
                                _PPO_FULL + "test_colocate_critic_reward_with_two_reward_models"),
     "recompute_old_log_probs": _t("old log-probs from a separate pass; the run is the same",

@@ -151,7 +151,15 @@ class RLAlgorithmOptions:
                                                        "--train_max_tokens_per_gpu)")
     async_train: bool = opt(False, "generate step t+1's rollout while step t trains (one step off-policy; pair "
                                    "with --enable_vllm_is_correction); not with --colocate_all_models")
-    async_queue_size: int = opt(1, "rollouts generated ahead with --async_train (1: the one-step pipeline)")
+    async_queue_size: int = opt(1, "rollouts generated ahead with --async_train: the rollout of step t+N is "
+                                   "submitted before step t trains, so a sample is at most N policy versions stale "
+                                   "(1: the one-step pipeline); the staleness is logged (async/staleness_max)")
+    partial_rollout: bool = opt(False, "with --async_train: the engines generate in chunks of "
+                                       "--partial_rollout_chunk_tokens and a weight sync pauses them between two "
+                                       "chunks instead of waiting for the rollout; the requests resume with the new "
+                                       "weights, each token records its policy version (docs/rl.md)")
+    partial_rollout_chunk_tokens: int = opt(64, "new tokens per generation chunk with --partial_rollout (a weight "
+                                                "sync waits for at most one chunk)")
     freezing_actor_steps: int = opt(-1, "train only the critic for the first N steps")
     ptx_coef: float = opt(0.05, "weight of the auxiliary LM loss on --pretrain_data added to every policy step")
     recompute_old_log_probs: bool = opt(False, "always compute the PPO ratio's old log-probs in a separate forward "

@@ -17,6 +17,7 @@ import torch
 
 TRACE_NAME = "samples.jsonl"
 LOSS_WEIGHT_KEY = "loss_weight"  # Experience.info[...]: [B] float, summed by train_on_experience
+VERSIONS_KEY = "policy_versions"  # RolloutSample.extra[...]: per response token (rlhfkit.rollout.partial)
 MISMATCH_KEY = "trainer_logprob_abs_diff"  # Experience.info[...]: [B, R], from the training forward
 
 
@@ -33,8 +34,14 @@ def add_loss_weights(exp: Any, index: torch.Tensor, mask: torch.Tensor, num_toke
 
 def policy_version(step: int, async_train: bool) -> int:
     """The optimizer step whose weights the engines held when the rollout of `step` was generated (0: the initial
-    weights): step - 1, or with --async_train (generated while the previous step trained) step - 2, at least 0."""
+    weights) in the one-step pipeline: step - 1, or with --async_train (generated while the previous step trained)
+    step - 2, at least 0. Used only for samples that recorded no versions (`sample.extra["policy_versions"]`)."""
     return max(0, step - (2 if async_train else 1))
+
+
+def _versions(sample: Any, fallback: int) -> list[int]:
+    """The policy version of each response token as recorded by the loop (rl/async_rollout.py), else `fallback`."""
+    return list(sample.extra.get(VERSIONS_KEY) or [fallback])
 
 
 def take_trainer_mismatch(exp: Any, results: list[dict[str, Any]]) -> None:
@@ -93,13 +100,14 @@ def trace_rows(step: int, rollout: Any, exp: Any, tokenizer: Any, *,
     diff = _abs_diff(exp)
     weights = exp.info.get(LOSS_WEIGHT_KEY)
     components = _components(rollout.extra_logs, exp.batch_size)
-    version = policy_version(step, async_train)
+    fallback = policy_version(step, async_train)
     rows = []
     for i, sample in enumerate(rollout.samples):
         width = len(sample.response_ids)
         m = mask[i, :width]
         adv = exp.advantages[i, :width].float() if exp.advantages is not None else None
         trained = int(m.sum())
+        versions = _versions(sample, fallback)
         row: dict[str, Any] = {
             "step": step, "kind": "train", "prompt_index": sample.prompt_index, "sample_index": sample.sample_index,
             "prompt": rollout.prompts[sample.prompt_index].get("prompt"),
@@ -111,7 +119,9 @@ def trace_rows(step: int, rollout: Any, exp: Any, tokenizer: Any, *,
             "score": _number(exp.scores[i]) if exp.scores is not None else None,
             "advantage": None, "advantage_first": None,
             "loss_weight": None if weights is None else round(float(weights[i]), 8),
-            "policy_version": version, "policy_versions": [version],
+            "policy_version": min(versions), "policy_versions": sorted(set(versions)),
+            "staleness": step - 1 - min(versions),
+            "token_policy_versions": versions if len(set(versions)) > 1 else None,
             "logprob_abs_diff_mean": None, "logprob_abs_diff_max": None,
             "tokens": [tokenizer.decode([t]) for t in sample.response_ids],
             "token_advantages": None, "token_logprob_abs_diff": None,

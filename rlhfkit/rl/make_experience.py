@@ -70,13 +70,16 @@ class Rollout:
 
 def generate_and_score(engines: list[Any], prompts: list[dict[str, Any]], sampling: SamplingConfig,
                        reward_fn: Callable | None, tokenizer: Any, timer: Timer, seed_offset: int,
-                       phases: Any | None = None, agent: AgentSpec | None = None) -> Rollout:
+                       phases: Any | None = None, agent: AgentSpec | None = None,
+                       generate: Callable | None = None) -> Rollout:
     """Generate n responses per prompt and score them. Rows come back prompt-major.
 
     `reward_fn`: a text reward source `(queries, prompts, labels)`, or an object with `score_rollout(samples,
     queries, prompts, labels)` (`rl.reward_group.RolloutRewards`: reward models read the token ids).
     `agent` (`--agent_func_path`): multi-turn episodes instead, rewarded by the environment (`reward_fn` unused).
     `phases` (`rl.colocation.Phases`): engines awake for generation, models back on the device for scoring.
+    `generate` (`--partial_rollout`): `(engines, prompt_ids, sampling) -> samples` instead of `generate_on_engines`
+    (`rl.async_rollout.EngineGate.chunked`: generation in chunks, weight syncs between them).
     """
     if phases is not None:
         phases.before_generation()
@@ -84,7 +87,7 @@ def generate_and_score(engines: list[Any], prompts: list[dict[str, Any]], sampli
     sampling = sampling.shifted(seed_offset) if sampling.seed is not None else sampling
     if agent is not None:
         return _agent_rollout(engines, prompts, sampling, agent, tokenizer, timer, phases)
-    samples = generate_on_engines(engines, [p["prompt_ids"] for p in prompts], sampling)
+    samples = (generate or generate_on_engines)(engines, [p["prompt_ids"] for p in prompts], sampling)
     timer.add("generation", began)
     if phases is not None:
         phases.after_generation()

@@ -12,7 +12,6 @@ import logging
 import math
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,16 @@ from rlhfkit.observability.metrics import MetricsLogger, is_extremum, merge_metr
 from rlhfkit.observability.mfu import mfu
 from rlhfkit.observability.placement import collect_whereabouts, record_placement
 from rlhfkit.observability.trace import add_loss_weights, take_trainer_mismatch, write_step_trace
+from rlhfkit.rl.async_rollout import (
+    EngineGate,
+    RolloutQueue,
+    load_pending,
+    save_pending,
+    staleness_metrics,
+    stamp_versions,
+)
 from rlhfkit.rl.debug_dump import add_updates, step_record, wants_dump, write_dump
-from rlhfkit.rl.engine_faults import EngineFaults, engine_fault
+from rlhfkit.rl.engine_faults import EngineFaults
 from rlhfkit.rl.experience import Experience
 from rlhfkit.rl.group import ModelGroup, run_side_by_side
 from rlhfkit.rl.make_experience import (
@@ -51,7 +58,8 @@ MAX_REFILL_ROUNDS = 8
 FAULT_HOOK: Any = None  # tests only: FAULT_HOOK(s, step, when) before / after each step's health check (faults)
 
 
-def collect_rollout(s: RLSetup, stream: PromptStream, sampling: SamplingConfig, timer: Timer) -> tuple[Rollout, dict]:
+def collect_rollout(s: RLSetup, stream: PromptStream, sampling: SamplingConfig, timer: Timer,
+                    generate: Any = None) -> tuple[Rollout, dict]:
     """rollout_batch_size groups; with --dynamic_filtering, drop all-equal groups and refill (bounded)."""
     cfg, n = s.cfg, s.cfg.n_samples_per_prompt
     kept: list[Rollout] = []
@@ -60,7 +68,7 @@ def collect_rollout(s: RLSetup, stream: PromptStream, sampling: SamplingConfig, 
         offset = stream.cursor
         prompts = stream.take(cfg.rollout_batch_size - have if rounds else cfg.rollout_batch_size)
         part = generate_and_score(s.engines, prompts, sampling, s.reward_fn, s.tokenizer, timer, offset, s.phases,
-                                  s.agent)
+                                  s.agent, generate)
         seen += len(prompts)
         if cfg.dynamic_filtering:
             low, high = cfg.dynamic_filtering_reward_range
@@ -281,8 +289,8 @@ def train_ppo(cfg: Any, engines: list[Any] | None = None) -> dict[str, float]:
 
 
 def _loop(s: RLSetup) -> dict[str, float]:
-    """One step: rollout -> experience -> train -> sync -> log/checkpoint/eval. With --async_train the rollout of
-    step t+1 is generated (on the engines, with the weights of step t-1) while step t trains: `ahead` holds it."""
+    """One step: rollout -> experience -> train -> sync -> log/checkpoint/eval. With --async_train the rollouts of
+    steps t+1 .. t+N (--async_queue_size) are generated while step t trains (`rl.async_rollout.RolloutQueue`)."""
     cfg = s.cfg
     stream = PromptStream(s.prompts, cfg.seed, s.start_cursor)
     sampling = SamplingConfig.from_args(cfg, stop_token_ids=s.stop_ids)
@@ -291,34 +299,35 @@ def _loop(s: RLSetup) -> dict[str, float]:
     bar = progress_bar(s.total_steps, s.start_step, True, "ppo")
     last: dict[str, float] = {}
     faults = EngineFaults(s)  # a dead or hung engine is restarted (--max_engine_restarts), see rl/engine_faults.py
+    gate = EngineGate(s.start_step)  # the engines' policy version; a partial rollout's chunk holds its lock
+    generate = gate.chunked(cfg.partial_rollout_chunk_tokens) if cfg.async_train and cfg.partial_rollout else None
+    collect = partial(_collect_versioned, s, stream, sampling, gate, generate)
     if s.eval_prompts and s.start_step == 0:
         evaluated = faults.guard("evaluation", partial(evaluate, s, 0))
         metrics_log.log(0, evaluated)
         keep_best(s, 0, evaluated)
-    ahead = load_pending_rollout(cfg, s.start_step) if cfg.async_train and s.start_step else None
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout") if cfg.async_train else None
+    queue = RolloutQueue(cfg, stream, gate, collect, s.total_steps, load_pending(cfg, s.start_step) if s.start_step
+                         else None, s.start_step + 1) if cfg.async_train else None
     for step in range(s.start_step + 1, s.total_steps + 1):
         began = time.perf_counter()
         faults.step = step
-        if FAULT_HOOK is not None:
-            FAULT_HOOK(s, step, "before health check")
-        faults.health_check()  # ping: a dead or hung engine is found (and restarted) now, not mid-generation
-        if FAULT_HOOK is not None:
-            FAULT_HOOK(s, step, "after health check")
-        rollout, filter_metrics, timer = ahead or collect_timed(s, stream, sampling, faults)
+        with gate.lock:  # with --partial_rollout: between two chunks
+            _health_check(s, step, faults)
+        ahead, waited = queue.take(step, faults) if queue is not None else (None, 0.0)
+        rollout, filter_metrics, timer = ahead or collect(faults)
         exp = to_experience(rollout, s.tokenizer.pad_token_id)
         raw_rewards = exp.rewards
         penalty_metrics = apply_length_penalties(rollout, exp, cfg)  # before the advantages
         metrics = {**filter_metrics, **rollout_metrics(rollout, exp), **penalty_metrics}
+        if queue is not None:
+            metrics.update(staleness_metrics(rollout, exp, step, cfg.async_queue_size))
         kl_coef = kl_coefficient(s)
         metrics["train/kl_coef"] = kl_coef
         metrics.update(fill_log_probs_and_advantages(exp, cfg, s.actor, s.ref, s.critic, timer, kl_coef))
         record = step_record(cfg, step, {**exp.tensors(), "rewards_before_penalty": raw_rewards,
                                          "truncated": exp.info["truncated"]}) if wants_dump(cfg, step) else None
-        future = None
-        if pool is not None and step < s.total_steps:  # the engines still hold the weights this step trains from
-            cursor = stream.cursor
-            future = pool.submit(collect_timed, s, stream, sampling)  # no restarts in this thread: see below
+        if queue is not None:  # the engines still hold the weights this step trains from
+            queue.fill(step)  # no restarts in the generation thread: a fault is handled when its rollout is taken
         t_train = time.perf_counter()
         metrics.update(train_on_experience(s, exp, step, record))
         timer.add("training", t_train)
@@ -327,39 +336,28 @@ def _loop(s: RLSetup) -> dict[str, float]:
             s.kl_ctl.update(metrics["rollout/kl"], cfg.rollout_batch_size * cfg.n_samples_per_prompt)
         if record is not None:
             write_dump(cfg.run_dir, record)
-        ahead = None
-        if future is not None:
-            waited = time.perf_counter()
-            try:
-                ahead = future.result()
-            except Exception as err:  # an engine fault while generating ahead: restart it, generate again here
-                if engine_fault(err) is None:
-                    raise
-                faults.recover(engine_fault(err), "generation ahead (--async_train)", err)
-                log.warning("--async_train: the rollout of step %d is generated again after the engine restart, with "
-                            "this step's trained weights (one step less stale than usual)", step + 1)
-                stream.cursor = cursor
-                ahead = collect_timed(s, stream, sampling, faults)
-            metrics["time/wait_rollout"] = time.perf_counter() - waited
-        metrics.update(faults.guard("weight sync", partial(sync_engines, s, timer)))
+        if queue is not None and queue.items:
+            metrics["time/wait_rollout"] = waited + queue.before_sync(faults)
+        with gate.lock:  # with --partial_rollout the generation in flight pauses here, and resumes with the new weights
+            metrics.update(faults.guard("weight sync", partial(sync_engines, s, timer)))
+            gate.version = step
         metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
         metrics.update(stage_utilisation(s, exp, timer))
         metrics["time/step"] = time.perf_counter() - began
         if s.eval_prompts and ((cfg.eval_steps > 0 and step % cfg.eval_steps == 0) or step == s.total_steps):
-            evaluated = faults.guard("evaluation", partial(evaluate, s, step))
+            with gate.lock:
+                evaluated = faults.guard("evaluation", partial(evaluate, s, step))
             metrics.update(evaluated)
             keep_best(s, step, evaluated)
         if cfg.save_steps > 0 and step % cfg.save_steps == 0:  # after the evaluation: it holds the best so far
-            s.save_checkpoint(step, stream.cursor)
-            if ahead is not None:
-                save_pending_rollout(cfg, step, ahead)
+            _checkpoint(s, step, stream, queue, faults)
         metrics.update(faults.take_step_metrics())
         metrics_log.log(step, metrics)
         last = metrics
         bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", gen_s=f"{timer.seconds['generation']:.1f}")
         bar.update(1)
-    if pool is not None:
-        pool.shutdown()
+    if queue is not None:
+        queue.close()
     bar.close()
     record_placement(cfg.run_dir, collect_whereabouts(s.groups, s.engines))  # now with prompts per engine
     save_final(s)
@@ -368,43 +366,50 @@ def _loop(s: RLSetup) -> dict[str, float]:
     return last
 
 
+def _health_check(s: RLSetup, step: int, faults: EngineFaults) -> None:
+    """Ping: a dead or hung engine is found (and restarted) now, not mid-generation."""
+    if FAULT_HOOK is not None:
+        FAULT_HOOK(s, step, "before health check")
+    faults.health_check()
+    if FAULT_HOOK is not None:
+        FAULT_HOOK(s, step, "after health check")
+
+
+def _checkpoint(s: RLSetup, step: int, stream: PromptStream, queue: RolloutQueue | None,
+                faults: EngineFaults) -> None:
+    """The checkpoint of `step`; with --async_train the rollouts generated ahead are finished first and kept."""
+    if queue is not None and queue.items:
+        waited = queue.settle(faults)
+        if s.cfg.partial_rollout:
+            log.info("--partial_rollout: step %d's checkpoint waited %.1f s for the %d rollout(s) in flight to finish "
+                     "(their last chunks with the weights of step %d); they are saved with it, not regenerated",
+                     step, waited, len(queue.items), step)
+    s.save_checkpoint(step, stream.cursor)
+    if queue is not None and queue.items:
+        save_pending(s.cfg, step, queue.finished())
+
+
+def _collect_versioned(s: RLSetup, stream: PromptStream, sampling: SamplingConfig, gate: EngineGate,
+                       generate: Any, faults: EngineFaults | None = None) -> tuple[Rollout, dict, Timer]:
+    """`collect_timed`, each sample's tokens stamped with the policy version they were generated with (chunked
+    generation stamps each chunk itself; otherwise the engines hold one version for the whole rollout)."""
+    version = gate.version
+    collected = collect_timed(s, stream, sampling, faults, generate)
+    stamp_versions(collected[0], version)
+    return collected
+
+
 def collect_timed(s: RLSetup, stream: PromptStream, sampling: SamplingConfig,
-                  faults: EngineFaults | None = None) -> tuple[Rollout, dict, Timer]:
+                  faults: EngineFaults | None = None, generate: Any = None) -> tuple[Rollout, dict, Timer]:
     """`collect_rollout` with its own Timer (generation and reward seconds), which becomes the step's timer. With
     `faults`, an engine fault restarts the engine and the rollout is collected again from the same prompts (same
-    seeds: the same samples)."""
+    seeds: the same samples). `generate`: see `generate_and_score` (--partial_rollout)."""
     cursor = stream.cursor
 
     def attempt() -> tuple[Rollout, dict, Timer]:
         stream.cursor = cursor
         timer = Timer()
-        rollout, metrics = collect_rollout(s, stream, sampling, timer)
+        rollout, metrics = collect_rollout(s, stream, sampling, timer, generate)
         return rollout, metrics, timer
 
     return attempt() if faults is None else faults.guard("generation", attempt)
-
-
-def _pending_path(cfg: Any, step: int) -> Path:
-    return Path(cfg.ckpt_path) / "driver" / f"pending_rollout_step{step}.pt"
-
-
-def save_pending_rollout(cfg: Any, step: int, ahead: tuple) -> None:
-    """--async_train: the rollout generated ahead is part of the run's state; saved beside the checkpoint of `step`
-    (temporary file + rename), so a resumed run trains on exactly the rollout the uninterrupted run would."""
-    path = _pending_path(cfg, step)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(ahead, tmp)
-    tmp.replace(path)
-    kept = sorted(path.parent.glob("pending_rollout_step*.pt"), key=lambda p: int(p.stem.rsplit("step", 1)[1]))
-    for old in kept[:-max(1, cfg.max_ckpt_num)]:
-        old.unlink()
-
-
-def load_pending_rollout(cfg: Any, step: int) -> tuple | None:
-    path = _pending_path(cfg, step)
-    if not path.exists():
-        log.warning("--async_train resume: no rollout generated ahead at step %d (%s); generating it now with the "
-                    "resumed weights, so this run is not bit-identical to an uninterrupted async run", step, path)
-        return None
-    return torch.load(path, weights_only=False)

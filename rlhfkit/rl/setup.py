@@ -183,14 +183,26 @@ def validate_rl(cfg: Any) -> None:
     if cfg.async_train and cfg.colocate_all_models:
         raise ConfigError("--async_train generates while the models train, but --colocate_all_models puts the engines "
                           "on the training devices (they take turns): drop one of the two")
-    if cfg.async_queue_size != 1:
-        raise ConfigError(f"--async_queue_size {cfg.async_queue_size}: only 1 (generate one step ahead) is "
-                          "implemented; deeper queues make the rollout more off-policy")
+    _validate_async(cfg)
     if cfg.async_train and not cfg.enable_vllm_is_correction:
         log.warning("--async_train samples with weights one step old: add --enable_vllm_is_correction to correct "
                     "the policy loss with truncated importance weights")
     dump_steps(cfg.debug_dump_steps)  # ConfigError on a bad value
     _validate_colocation(cfg, plan)
+
+
+def _validate_async(cfg: Any) -> None:
+    """--async_queue_size and --partial_rollout (rl/async_rollout.py)."""
+    if cfg.async_queue_size < 1:
+        raise ConfigError(f"--async_queue_size {cfg.async_queue_size}: must be >= 1 (rollouts generated ahead)")
+    if cfg.partial_rollout and not cfg.async_train:
+        raise ConfigError("--partial_rollout resumes generations across weight syncs while the trainer steps: it "
+                          "needs --async_train")
+    if cfg.partial_rollout and cfg.agent_func_path:
+        raise ConfigError("--partial_rollout chunks single-turn generation; with --agent_func_path the episodes "
+                          "are generated whole: drop one of the two")
+    if cfg.partial_rollout_chunk_tokens < 1:
+        raise ConfigError(f"--partial_rollout_chunk_tokens {cfg.partial_rollout_chunk_tokens}: must be >= 1")
 
 
 def kl_controller(cfg: Any) -> AdaptiveKLController | FixedKLController:

@@ -1,14 +1,20 @@
-"""--async_train: step t+1's rollout is generated while step t trains, with weights one step old."""
+"""--async_train: step t+1's rollout is generated while step t trains, with weights one step old; --async_queue_size N
+generates up to N rollouts ahead (at most N versions stale); --partial_rollout resumes generations across the sync."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from ppo_helpers import run, series
 
 from rlhfkit.errors import ConfigError
+from rlhfkit.rl import async_rollout
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
@@ -50,5 +56,69 @@ def test_async_resume_continues_with_the_rollout_generated_ahead(tiny_model_dir,
 def test_async_contradicts_colocating_everything(tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
     with pytest.raises(ConfigError, match="--async_train generates while the models train"):
         run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, async_train=True, colocate_all_models=True)
-    with pytest.raises(ConfigError, match="--async_queue_size 2: only 1"):
-        run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, async_train=True, async_queue_size=2)
+    with pytest.raises(ConfigError, match="--async_queue_size 0: must be >= 1"):
+        run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, async_train=True, async_queue_size=0)
+    with pytest.raises(ConfigError, match="--partial_rollout resumes generations .* needs --async_train"):
+        run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, partial_rollout=True)
+
+
+def _trace(out: Path) -> list[dict]:
+    lines = (out / "run" / "samples.jsonl").read_text().splitlines()
+    return [row for row in map(json.loads, lines) if row["kind"] == "train"]
+
+
+def test_a_queue_of_two_keeps_every_sample_at_most_two_versions_stale(tiny_model_dir, echo_prompt_file,
+                                                                      rollout_vllm_engine, tmp_path):
+    """N = 2: steps 2 and 3 were generated while step 1 trained (version 0), step 4 while step 2 trained (version 1):
+    staleness 0, 1, 2, 2. The checkpoint of step 2 keeps both rollouts generated ahead, and a run resumed from it
+    trains on them (the same steps 3 and 4)."""
+    flags = {"max_samples": 16, "save_steps": 2, "max_ckpt_num": 5, "async_train": True, "async_queue_size": 2}
+    full = run(tiny_model_dir, echo_prompt_file, tmp_path / "full", rollout_vllm_engine, **flags)
+    assert series(full, "async/staleness_max") == [0, 1, 2, 2]
+    assert series(full, "async/policy_version_min") == series(full, "async/policy_version_max") == [0, 0, 0, 1]
+    trace = _trace(tmp_path / "full")
+    assert len(trace) == 4 * 32 and max(r["staleness"] for r in trace) == 2
+    assert all(r["policy_version"] == r["step"] - 1 - r["staleness"] for r in trace)
+    pending = tmp_path / "full" / "ckpt" / "driver" / "pending_rollout_step2.pt"
+    resumed_dir = tmp_path / "resumed"
+    (resumed_dir / "ckpt" / "driver").mkdir(parents=True)
+    shutil.copytree(tmp_path / "full" / "ckpt" / "actor", resumed_dir / "ckpt" / "actor")
+    shutil.rmtree(resumed_dir / "ckpt" / "actor" / "global_step4")
+    shutil.copy(pending, resumed_dir / "ckpt" / "driver" / pending.name)
+    resumed = run(tiny_model_dir, echo_prompt_file, resumed_dir, rollout_vllm_engine, load_checkpoint=True, **flags)
+    assert [r["step"] for r in resumed] == [3, 4]
+    for before, after in zip(full[2:], resumed):
+        for key in ("rollout/reward_mean", "async/staleness_max", "train/grad_norm", "train/entropy"):
+            assert after[key] == pytest.approx(before[key], abs=1e-6), key
+
+
+def _chunk_after_the_sync(gate, chunk: int, first: dict = {}) -> None:  # noqa: B006 -- one rollout at a time
+    """CHUNK_HOOK: in the generation thread, chunk 1 of a rollout waits until the weights were synced since its chunk
+    0 (a trainer slower than the engines), so every unfinished sample is resumed with the new weights."""
+    if not threading.current_thread().name.startswith("rollout"):
+        return
+    if chunk == 0:
+        first["version"] = gate.version
+    deadline = time.monotonic() + 120
+    while chunk == 1 and gate.version == first["version"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_partial_rollouts_resume_across_the_sync_with_mixed_versions(tiny_model_dir, echo_prompt_file,
+                                                                     rollout_vllm_engine, tmp_path, monkeypatch):
+    monkeypatch.setattr(async_rollout, "CHUNK_HOOK", _chunk_after_the_sync)
+    rows = run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, max_samples=12, save_steps=2,
+               async_train=True, partial_rollout=True, partial_rollout_chunk_tokens=2, enable_vllm_is_correction=True,
+               vllm_is_correction_type="seq-mask-tis")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert series(rows, "async/staleness_max") == [0, 1, 1]  # the first token of steps 2, 3: one version old
+    assert series(rows, "async/policy_version_max") == [0, 1, 2]  # ... the tokens after the sync: the trainer's
+    assert min(series(rows, "async/mixed_version_frac")[1:]) > 0.5  # rows that did not stop within chunk 0
+    assert all(r["train/grad_norm"] > 0 and r["train/policy_loss"] == r["train/policy_loss"] for r in rows)
+    for row in _trace(tmp_path):
+        versions = row["token_policy_versions"] or row["policy_versions"] * row["response_length"]
+        assert versions == sorted(versions) and versions[0] == row["policy_version"] == max(0, row["step"] - 2)
+        assert row["token_policy_versions"] is None or versions[2] == row["step"] - 1  # chunk 1 on: new weights
+    # the checkpoint of step 2 kept step 3's rollout (finished first), mixed versions and all
+    [(rollout, _, _)] = torch.load(tmp_path / "ckpt" / "driver" / "pending_rollout_step2.pt", weights_only=False)
+    assert any(len(set(s.extra["policy_versions"])) == 2 for s in rollout.samples)
