@@ -458,9 +458,10 @@ EFFECTS: dict[str, Effect] = {
     "partial_rollout": _t("engines generate in chunks and resume across the weight sync; samples carry mixed "
                           "versions and train with the IS correction; checkpoints keep the rollout in flight",
                           "tests/rl/test_async.py::test_partial_rollouts_resume_across_the_sync_with_mixed_versions"),
-    "partial_rollout_chunk_tokens": _t("new tokens per chunk; chunked greedy generation equals one call",
-                                       "tests/rollout/test_partial.py::"
-                                       "test_chunked_generation_equals_one_call_and_records_each_chunks_version"),
+    "partial_rollout_chunk_tokens": _t("new tokens per chunk: a sync lands between two chunks, so a sample's tokens "
+                                       "carry the versions of their chunks",
+                                       "tests/rl/test_async.py::"
+                                       "test_partial_rollouts_resume_across_the_sync_with_mixed_versions"),
     "freezing_actor_steps": _t("the actor does not train in the first N steps (no policy loss)",
                                _PPO_FULL + "test_colocate_critic_reward_with_two_reward_models"),
     "recompute_old_log_probs": _t("old log-probs from a separate pass; the run is the same",

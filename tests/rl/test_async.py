@@ -69,27 +69,17 @@ def _trace(out: Path) -> list[dict]:
 
 def test_a_queue_of_two_keeps_every_sample_at_most_two_versions_stale(tiny_model_dir, echo_prompt_file,
                                                                       rollout_vllm_engine, tmp_path):
-    """N = 2: steps 2 and 3 were generated while step 1 trained (version 0), step 4 while step 2 trained (version 1):
-    staleness 0, 1, 2, 2. The checkpoint of step 2 keeps both rollouts generated ahead, and a run resumed from it
-    trains on them (the same steps 3 and 4)."""
-    flags = {"max_samples": 16, "save_steps": 2, "max_ckpt_num": 5, "async_train": True, "async_queue_size": 2}
-    full = run(tiny_model_dir, echo_prompt_file, tmp_path / "full", rollout_vllm_engine, **flags)
-    assert series(full, "async/staleness_max") == [0, 1, 2, 2]
-    assert series(full, "async/policy_version_min") == series(full, "async/policy_version_max") == [0, 0, 0, 1]
-    trace = _trace(tmp_path / "full")
-    assert len(trace) == 4 * 32 and max(r["staleness"] for r in trace) == 2
+    """N = 2: steps 2 and 3 are generated while step 1 trains (version 0): staleness 0, 1, 2. The checkpoint of step
+    1 keeps both rollouts generated ahead (the exact resume from them is the N = 1 resume test's code path)."""
+    rows = run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, max_samples=12, save_steps=1,
+               async_train=True, async_queue_size=2)
+    assert series(rows, "async/staleness_max") == [0, 1, 2]
+    assert series(rows, "async/policy_version_min") == series(rows, "async/policy_version_max") == [0, 0, 0]
+    trace = _trace(tmp_path)
+    assert len(trace) == 3 * 32 and [r["staleness"] for r in trace[::32]] == [0, 1, 2]
     assert all(r["policy_version"] == r["step"] - 1 - r["staleness"] for r in trace)
-    pending = tmp_path / "full" / "ckpt" / "driver" / "pending_rollout_step2.pt"
-    resumed_dir = tmp_path / "resumed"
-    (resumed_dir / "ckpt" / "driver").mkdir(parents=True)
-    shutil.copytree(tmp_path / "full" / "ckpt" / "actor", resumed_dir / "ckpt" / "actor")
-    shutil.rmtree(resumed_dir / "ckpt" / "actor" / "global_step4")
-    shutil.copy(pending, resumed_dir / "ckpt" / "driver" / pending.name)
-    resumed = run(tiny_model_dir, echo_prompt_file, resumed_dir, rollout_vllm_engine, load_checkpoint=True, **flags)
-    assert [r["step"] for r in resumed] == [3, 4]
-    for before, after in zip(full[2:], resumed):
-        for key in ("rollout/reward_mean", "async/staleness_max", "train/grad_norm", "train/entropy"):
-            assert after[key] == pytest.approx(before[key], abs=1e-6), key
+    pending = torch.load(tmp_path / "ckpt" / "driver" / "pending_rollout_step1.pt", weights_only=False)
+    assert len(pending) == 2 and all(s.extra["policy_versions"][0] == 0 for r, _, _ in pending for s in r.samples)
 
 
 def _chunk_after_the_sync(gate, chunk: int, first: dict = {}) -> None:  # noqa: B006 -- one rollout at a time
@@ -107,18 +97,19 @@ def _chunk_after_the_sync(gate, chunk: int, first: dict = {}) -> None:  # noqa: 
 def test_partial_rollouts_resume_across_the_sync_with_mixed_versions(tiny_model_dir, echo_prompt_file,
                                                                      rollout_vllm_engine, tmp_path, monkeypatch):
     monkeypatch.setattr(async_rollout, "CHUNK_HOOK", _chunk_after_the_sync)
-    rows = run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, max_samples=12, save_steps=2,
+    rows = run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, max_samples=8, save_steps=1,
                async_train=True, partial_rollout=True, partial_rollout_chunk_tokens=2, enable_vllm_is_correction=True,
                vllm_is_correction_type="seq-mask-tis")
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert series(rows, "async/staleness_max") == [0, 1, 1]  # the first token of steps 2, 3: one version old
-    assert series(rows, "async/policy_version_max") == [0, 1, 2]  # ... the tokens after the sync: the trainer's
-    assert min(series(rows, "async/mixed_version_frac")[1:]) > 0.5  # rows that did not stop within chunk 0
+    assert [r["step"] for r in rows] == [1, 2]
+    assert series(rows, "async/staleness_max") == [0, 1]  # step 2's first tokens: one version old
+    assert series(rows, "async/policy_version_max") == [0, 1]  # ... the tokens after the sync: the trainer's
+    assert series(rows, "async/mixed_version_frac")[1] > 0.5  # the rows that did not stop within chunk 0
+    assert "rollout/is_weight_mean" in rows[1] or "train/is_weight_mean" in rows[1], sorted(rows[1])
     assert all(r["train/grad_norm"] > 0 and r["train/policy_loss"] == r["train/policy_loss"] for r in rows)
     for row in _trace(tmp_path):
         versions = row["token_policy_versions"] or row["policy_versions"] * row["response_length"]
         assert versions == sorted(versions) and versions[0] == row["policy_version"] == max(0, row["step"] - 2)
         assert row["token_policy_versions"] is None or versions[2] == row["step"] - 1  # chunk 1 on: new weights
-    # the checkpoint of step 2 kept step 3's rollout (finished first), mixed versions and all
-    [(rollout, _, _)] = torch.load(tmp_path / "ckpt" / "driver" / "pending_rollout_step2.pt", weights_only=False)
+    # the checkpoint of step 1 kept step 2's rollout (finished first), mixed versions and all
+    [(rollout, _, _)] = torch.load(tmp_path / "ckpt" / "driver" / "pending_rollout_step1.pt", weights_only=False)
     assert any(len(set(s.extra["policy_versions"])) == 2 for s in rollout.samples)
