@@ -140,7 +140,11 @@ class RolloutQueue:
 
     def settle(self, faults: EngineFaults) -> float:
         """Wait until every queued rollout is generated (before a checkpoint keeps them); the seconds waited."""
-        return sum(self._resolve(k, faults) for k in range(len(self.items)))
+        waited, k = 0.0, 0
+        while k < len(self.items):  # a fault drops the items after the faulty one (see _resolve)
+            waited += self._resolve(k, faults)
+            k += 1
+        return waited
 
     def finished(self) -> list[Collected]:
         return [item.done for item in self.items if item.done is not None]
