@@ -55,7 +55,7 @@ def build_tiny_vlm(out_dir: str, *, seed: int = 0, hidden: int = 64) -> str:
                             pad_token_id=tokenizer.pad_token_id)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Idefics3ForConditionalGeneration(config).to(torch.float32)
+        model = Idefics3ForConditionalGeneration(config).float()
     model.eval()
     out_dir = os.fspath(out_dir)
     model.save_pretrained(out_dir)
