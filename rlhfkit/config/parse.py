@@ -28,7 +28,6 @@ REJECTED_FLAGS: dict[str, str] = {
     "local_rank": "torchrun and Ray set LOCAL_RANK in the environment; drop the flag",
     "deepcompile": "DeepSpeed's compiler is not used; drop the flag",
     "disable_ds_ckpt": "there is no DeepSpeed checkpoint; use --save_steps -1 to skip full-state checkpoints",
-    "ds_tensor_parallel_size": "DeepSpeed tensor parallelism is not supported; use data parallelism (FSDP2)",
     "use_ms": "ModelScope downloads are not supported; pass a local folder or a hub name",
     "use_liger_kernel": "Liger kernels are not integrated; drop the flag",
     "grad_accum_dtype": "gradients accumulate in the parameter dtype (fp32 master weights); drop the flag",
@@ -59,6 +58,13 @@ def rejection_reason(name: str, command: str = "") -> str | None:
     return COMMAND_REJECTED_FLAGS.get(command, {}).get(name)
 
 _RING_FLAGS = ("ring_attn_size", "ring_head_stride")
+_TP_FLAGS = ("ds_tensor_parallel_size", "tp_size")
+_NO_TP = ("tensor parallel training is implemented for sft, rm, dpo and kto, not for {command}: {why}; drop the flag "
+          "(data parallelism with FSDP2 shards the weights over the ranks)")
+_NO_TP_WHY = {"ppo": "the actor, critic and reference Ray workers build no tensor-parallel mesh and the weight sync "
+                     "to vLLM expects whole tensors",
+              "kd": "the teacher is a second model not checked against the tensor-parallel plan",
+              "prm": "the process reward path has not been verified under tensor parallelism"}
 _NO_RING_WHY = {"kd": "the student and the teacher", "prm": "the step placeholders"}
 _NO_RING = ("context parallel (ring attention) is implemented for sft, rm, dpo and kto, not for {command}: {why}; "
             "drop the flag and fit each sequence on one rank (e.g. with --gradient_checkpointing)")
@@ -72,13 +78,15 @@ COMMAND_REJECTED_FLAGS: dict[str, dict[str, str]] = {
         "full_determinism": "not implemented for the Ray workers of ppo; drop the flag (runs are seeded by --seed)",
         **{flag: _NO_RING.format(command="ppo", why="the actor, critic and reference workers do not shard sequences "
                                  "yet (docs/parallelism.md)") for flag in _RING_FLAGS},
+        **{flag: _NO_TP.format(command="ppo", why=_NO_TP_WHY["ppo"]) for flag in _TP_FLAGS},
     },
     **{command: {"deepspeed_enable_sleep": reason} for command, reason in _SLEEP_REFUSED.items()
        if command not in _NO_RING_WHY},
     **{command: {"deepspeed_enable_sleep": _SLEEP_REFUSED[command],
                  **{flag: _NO_RING.format(command=command, why=f"{what} read full-vocabulary logits at every position, "
                                           "which the context-parallel path does not gather (docs/parallelism.md)")
-                    for flag in _RING_FLAGS}}
+                    for flag in _RING_FLAGS},
+                 **{flag: _NO_TP.format(command=command, why=_NO_TP_WHY[command]) for flag in _TP_FLAGS}}
        for command, what in _NO_RING_WHY.items()},
 }
 
@@ -138,7 +146,7 @@ def _add_field(arg_group: Any, f: dataclasses.Field, tp: Any) -> None:
         kwargs["nargs"] = nargs
     if "choices" in f.metadata:
         kwargs["choices"] = f.metadata["choices"]
-    arg_group.add_argument(flag, **kwargs)
+    arg_group.add_argument(flag, *f.metadata.get("aliases", ()), **kwargs)
 
 
 def make_config_class(command: str, groups: list[type]) -> type:
@@ -162,12 +170,14 @@ def _load_yaml(path: str, parser: argparse.ArgumentParser, command: str = "") ->
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected a mapping of flag: value, got {type(data).__name__}")
     known = {a.dest for a in parser._actions}
+    aliases = {o[2:]: a.dest for a in parser._actions for o in a.option_strings if o.startswith("--")}
     out = {}
     data = dialect.rewrite_mapping(command, data, parser, lambda name: rejection_reason(name, command),
                                    f"--config {path}")  # OpenRLHF's names (nested or dotted) -> rlhfkit's
     for key, value in data.items():
         name = str(key).lstrip("-").replace("-", "_")
         _reject_if_deepspeed(name, source=f"--config {path}", command=command)
+        name = aliases.get(name, name)  # --tp_size -> ds_tensor_parallel_size
         if name not in known:
             raise ConfigError(f"--config {path}: unknown key '{key}'; run with --help for the flags it takes.")
         out[name] = value
