@@ -89,6 +89,8 @@ COMMAND_REJECTED_FLAGS: dict[str, dict[str, str]] = {
                  **{flag: _NO_TP.format(command=command, why=_NO_TP_WHY[command]) for flag in _TP_FLAGS}}
        for command, what in _NO_RING_WHY.items()},
 }
+COMMAND_REJECTED_FLAGS["batch-inference"]["ds_tensor_parallel_size"] = (
+    "batch-inference trains nothing; the tensor parallelism of its vLLM engines is --tp_size")
 
 
 def _flag_type(tp: Any) -> tuple[Any, str | None]:

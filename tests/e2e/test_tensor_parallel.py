@@ -46,6 +46,7 @@ def test_sft_tp_size_2_reproduces_one_rank(tiny_model_dir, tmp_path):
     importlib.import_module("rlhfkit.cli.sft").main(flags_to_argv({**flags, "run_dir": str(tmp_path / "one"),
                                                                    "save_path": str(tmp_path / "hf1")}))
     one = steps(tmp_path / "one")
+    # --tp_size: the training commands' alias of --ds_tensor_parallel_size
     two = run_tp({**flags, "tp_size": 2, "run_dir": str(tmp_path / "tp"), "save_path": str(tmp_path / "hf2")})
     assert len(one) == len(two) >= 2
     assert two[0]["train/loss"] == pytest.approx(one[0]["train/loss"], abs=1e-5)

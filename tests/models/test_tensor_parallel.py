@@ -36,7 +36,7 @@ def run_ranks(tmp_path: Path, model_dir: str, world: int, size: int) -> list[dic
 
 
 def test_tp_2_over_two_ranks_equals_the_unsharded_step(tmp_path, tiny_model_dir):
-    ranks = run_ranks(tmp_path, tiny_model_dir, world=2, size=2)
+    ranks = run_ranks(tmp_path, tiny_model_dir, world=2, size=2)  # --ds_tensor_parallel_size 2, 1 data parallel
     reference = ranks[0]["reference"]
     assert set(reference) == {"llama", "qwen2", "rm"}
     for name, want in reference.items():
