@@ -101,7 +101,7 @@ def teardown_tensor_parallel() -> None:
     _TP = None
 
 
-def check_model(model: nn.Module, size: int) -> None:
+def check_model(model: Any, size: int) -> None:
     """Refuse models the plan does not cover and head counts that ``size`` does not divide (ConfigError)."""
     from rlhfkit.errors import ConfigError
 
@@ -122,14 +122,14 @@ def check_model(model: nn.Module, size: int) -> None:
                           "and LM head are split by vocabulary")
 
 
-def parallelize(model: nn.Module, group: TPGroup) -> nn.Module:
+def parallelize(model: Any, group: TPGroup) -> nn.Module:
     """Apply the tensor-parallel plan (module docstring) in place on the ``tp`` mesh; returns the model."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     check_model(model, group.size)
     mesh = group.tp_mesh
-    backbone = model.base_model  # LlamaModel / Qwen2Model (the causal LM's .model, the classifier's .model)
+    backbone: Any = model.base_model  # LlamaModel / Qwen2Model (the causal LM's .model, the classifier's .model)
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     for layer in backbone.layers:
         parallelize_module(layer, mesh, {name: styles[kind]() for name, kind in _LAYER_PLAN.items()})
@@ -163,4 +163,4 @@ def replicate_rest(model: nn.Module, mesh: Any) -> None:
 
     for module in list(model.modules()):
         if any(not isinstance(p, DTensor) for p in module.parameters(recurse=False)):
-            distribute_module(module, mesh, partition, wrap, unwrap)
+            distribute_module(module, mesh, partition, wrap, unwrap)  # type: ignore[arg-type]

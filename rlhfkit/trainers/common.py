@@ -28,8 +28,8 @@ from rlhfkit.models.context_parallel import (
     teardown_ring_attention,
 )
 from rlhfkit.models.loading import load_tokenizer
-from rlhfkit.models.tensor_parallel import TP_FLAG, setup_tensor_parallel, teardown_tensor_parallel
 from rlhfkit.models.logprobs import log_probs_from_logits
+from rlhfkit.models.tensor_parallel import TP_FLAG, setup_tensor_parallel, teardown_tensor_parallel
 from rlhfkit.observability.report import write_report
 from rlhfkit.observability.run import prepare_run_dir
 from rlhfkit.observability.summary import summarize_run, summary_lines
