@@ -19,7 +19,8 @@ from rlhfkit.models import tensor_parallel as tp
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("tp_worker.py")
-LOSS_ATOL, GRAD_ATOL, WEIGHT_ATOL, NORM_RTOL = 1e-5, 1e-6, 1e-5, 1e-5
+LOSS_ATOL, GRAD_ATOL, NORM_RTOL = 1e-5, 1e-6, 1e-4
+WEIGHT_ATOL = 5e-5  # 0.5% of the lr: a wrong or missing AdamW update moves a weight by ~lr (1e-2)
 
 
 def run_ranks(tmp_path: Path, model_dir: str, world: int, size: int) -> list[dict]:
