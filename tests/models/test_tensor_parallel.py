@@ -1,5 +1,6 @@
-"""Tensor parallel training (--ds_tensor_parallel_size, alias --tp_size): two real gloo processes holding half of
-every attention/MLP weight and half of the vocabulary give the unsharded step (fp32): the loss, every parameter
+"""Tensor parallel training (--ds_tensor_parallel_size, alias --tp_size): four real gloo processes (2 data parallel x
+2 tensor parallel, FSDP2 on the data-parallel dimension), each holding half of every attention/MLP weight and half
+of the vocabulary, give the unsharded step (fp32): the loss, every parameter
 gradient, the clipped gradient norm and the weights after one AdamW step, for a tiny Llama (tied embeddings), a tiny
 Qwen2 (grouped-query attention, q/k/v biases, untied LM head) and a Llama reward model; the checkpoint state dict is
 whole. Plus the refusals (heads not divisible, model family, world size, commands and flags that do not compose)."""
@@ -36,8 +37,10 @@ def run_ranks(tmp_path: Path, model_dir: str, world: int, size: int) -> list[dic
     return [torch.load(tmp_path / f"out{rank}.pt", weights_only=False) for rank in range(world)]
 
 
-def test_tp_2_over_two_ranks_equals_the_unsharded_step(tmp_path, tiny_model_dir):
-    ranks = run_ranks(tmp_path, tiny_model_dir, world=2, size=2)  # --ds_tensor_parallel_size 2, 1 data parallel
+def test_tp_2_by_dp_2_equals_the_unsharded_step(tmp_path, tiny_model_dir):
+    # --ds_tensor_parallel_size 2 on 4 ranks: 2 data-parallel groups (FSDP2 on the "dp" dimension of the 2-D mesh),
+    # each on half of the batch; the 1 x 2 layout without FSDP2 is tests/e2e/test_tensor_parallel.py's
+    ranks = run_ranks(tmp_path, tiny_model_dir, world=4, size=2)
     reference = ranks[0]["reference"]
     assert set(reference) == {"llama", "qwen2", "rm"}
     for name, want in reference.items():
