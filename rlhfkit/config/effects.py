@@ -209,9 +209,9 @@ EFFECTS: dict[str, Effect] = {
     # ---- tensor parallel (rlhfkit.models.tensor_parallel; docs/parallelism.md)
     "ds_tensor_parallel_size": _t("attention/MLP weights and the vocabulary split over N ranks on a (dp, tp) mesh: "
                                   "loss, gradients, clipped norm and weights after one AdamW step of 4 gloo ranks "
-                                  "(dp 2 x tp 2) equal the unsharded step (Llama, Qwen2 GQA, RM); sft on 2 ranks reproduces the "
-                                  "1-rank losses and saved weights; heads/world not divisible, other families, ring "
-                                  "attention and LoRA are refused",
+                                  "(dp 2 x tp 2) equal the unsharded step (Llama, Qwen2 GQA, RM); sft on 2 ranks "
+                                  "reproduces the 1-rank losses and saved weights; heads/world not divisible, other "
+                                  "families, ring attention and LoRA are refused",
                                   _TP + "test_tp_2_by_dp_2_equals_the_unsharded_step",
                                   _TP + "test_tp_size_must_divide_heads_world_and_fit_the_family",
                                   _TP + "test_tp_flag_names_on_the_training_commands",
