@@ -47,9 +47,6 @@ def command_parser(command: str) -> tuple[argparse.ArgumentParser, Callable[[str
     module = importlib.import_module(f"rlhfkit.cli.{command.replace('-', '_')}")
     if getattr(module, "GROUPS", None):
         return build_parser(command, list(module.GROUPS)), lambda name: rejection_reason(name, command)
-    if command == "serve-rm":
-        from rlhfkit.rewards.server import REJECTED
-        return module.build_parser(), REJECTED.get
     return module.build_parser(), lambda name: None
 
 

@@ -8,7 +8,7 @@ from rlhfkit.config.method_options import RMOptions
 from rlhfkit.config.options import COMMON_TRAIN_GROUPS
 from rlhfkit.config.parse import parse_config
 from rlhfkit.trainers.common import run_offline_command
-from rlhfkit.trainers.rm import RewardNormalisation, load_reward_model, rm_method, rm_samples
+from rlhfkit.trainers.rm import RewardNormalisation, load_reward_model, rm_method, rm_samples, validate_rm
 
 GROUPS = [RMOptions, *COMMON_TRAIN_GROUPS]
 DESCRIPTION = "Bradley-Terry reward model on chosen/rejected pairs (scalar 'score' head; reward_mean/reward_std of " \
@@ -17,6 +17,7 @@ DESCRIPTION = "Bradley-Terry reward model on chosen/rejected pairs (scalar 'scor
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = parse_config("rm", GROUPS, argv, DESCRIPTION)
+    validate_rm(cfg)
     norm = RewardNormalisation()
     return run_offline_command(cfg, rm_samples, rm_method, load_reward_model, extra_config=norm.remember,
                                after_training=norm.after_training)

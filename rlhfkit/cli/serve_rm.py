@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from rlhfkit.rewards.server import build_parser, serve_rm_main  # noqa: F401 (build_parser: generated docs)
+from rlhfkit.config.serve_options import DESCRIPTION, ServeRMOptions
+from rlhfkit.rewards.server import serve_rm_main
+
+GROUPS = [ServeRMOptions]
+__all__ = ["DESCRIPTION", "GROUPS", "main"]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -59,9 +59,8 @@ NO_COMMAND = {"interactive_chat": "rlhfkit has no interactive chat command: samp
                                   "or load the saved HF folder in vLLM or transformers"}
 
 PPO_LOGGING = "ppo logs every step (one rollout per step); drop the flag (1 is accepted)"
-_RING_PPO = ("ring attention is implemented for sft, rm, dpo and kto, not yet for ppo's workers "
-             "(docs/parallelism.md): each sample is one rank's; 1 (off) is accepted")
-_VLM = "vision-language models are not supported (text-only data and models)"
+_VLM = ("vision-language models are not supported by ppo yet (text-only data; the model, rollout and sync parts "
+        "exist: docs/multimodal.md)")
 _OFFLOAD_ROLE = "rlhfkit offloads the reference and reward models together: use --ref_reward_offload"
 
 # OpenRLHF 0.11's dotted names shared by its CLIs (train_sft, train_rm, train_dpo, train_ppo_ray, serve_rm, ...).
@@ -111,7 +110,6 @@ COMMON: dict[str, Target] = {
 
 # train_ppo_ray's own names (and those whose meaning differs there).
 PPO: dict[str, Target] = {
-    "ds.ring_attn_size": Only(1, _RING_PPO), "ds.ring_attn_head_stride": Only(1, _RING_PPO),
     **{f"{role}.{what}": f"{role}_{what}" for role in ("actor", "ref", "critic", "reward")
        for what in ("num_nodes", "num_gpus_per_node")},
     "train.colocate_actor_ref": "colocate_actor_ref", "train.colocate_critic_reward": "colocate_critic_reward",

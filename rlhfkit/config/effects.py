@@ -47,6 +47,8 @@ _SOURCES = "tests/rewards/test_sources.py::"
 _BIE = "tests/inference/test_batch_inference.py::"
 _PPO_FULL = "tests/rl/test_ppo_full.py::"
 _PPO_OPTS = "tests/rl/test_ppo_options.py::"
+# joins a running 3-node cluster by --ray_address, 2 engines from the flags, a quiet console
+_SPREAD = "tests/cluster/test_multinode.py::test_roles_spread_over_three_nodes_match_one_node"
 _PPO_RUN = "tests/rl/test_ppo.py::"
 _SFT_DATA = "tests/data/test_sft.py::"
 _PREF_DATA = "tests/data/test_preference.py::"
@@ -69,6 +71,7 @@ _EMA = "tests/engine/test_ema.py::"
 _RING = "tests/models/test_context_parallel.py::"
 _RING_E2E = "tests/e2e/test_ring_attention.py::"
 _TP = "tests/models/test_tensor_parallel.py::"
+_RING_PPO = "tests/rl/test_ring_ppo.py::"
 
 _CUDA_ONLY = ("FSDP2's CPUOffloadPolicy is applied on CUDA only; on a CPU machine parameters, gradients and optimizer "
               "state already live in host memory, so the flag is accepted and changes nothing there")
@@ -86,7 +89,7 @@ EFFECTS: dict[str, Effect] = {
     "pretrain": _t("the model that is loaded, trained and saved",
                    _SCAFFOLD, _SFT_E2E + "test_sft_one_rank_learns_and_saves_a_loadable_hf_model"),
     "ppo:pretrain": _t("the policy (its tokenizer formats the prompts)", _PPO_SETUP,
-                       _PPO_OPTS + "test_joins_a_running_cluster_by_address"),
+                       _SPREAD),
     "batch-inference:pretrain": _t("the policy sampled from (its tokenizer formats the prompts); with --eval_task "
                                    "rm and no reward flag, the reward model",
                                    _BI + "test_sampling_and_tokenizer_flags_reach_generation",
@@ -118,8 +121,10 @@ EFFECTS: dict[str, Effect] = {
     "gradient_checkpointing_use_reentrant": _t("the checkpoint function's use_reentrant",
                                                _OPT + "test_gradient_checkpointing_flags_reach_the_model"),
     "disable_fast_tokenizer": NoEffect(
-        "transformers 5 loads the tokenizers-backed (fast) tokenizer whatever use_fast says when the model has a "
-        "tokenizer.json (every model rlhfkit loads); accepted for OpenRLHF compatibility, the tokenizer is the same"),
+        "passed on as AutoTokenizer.from_pretrained(use_fast=False) (offline commands, ppo, batch-inference, "
+        "serve-rm), but transformers 5 loads the tokenizers-backed (fast) tokenizer whatever use_fast says when "
+        "the model has a tokenizer.json (every model rlhfkit loads); accepted for OpenRLHF compatibility, the "
+        "tokenizer is the same"),
     "lora_rank": _t("LoRA adapters of this rank (0: full fine-tuning); the ppo actor uses the same apply_lora call",
                     _SCAFFOLD, "tests/rl/test_lora_rl.py::test_lora_actor_syncs_merged_weights_to_the_engine"),
     "lora_alpha": _t("the adapters' alpha", _SCAFFOLD,
@@ -203,9 +208,24 @@ EFFECTS: dict[str, Effect] = {
                            _RING + "test_ring_attention_over_two_ranks_equals_the_unsharded_forward",
                            _RING + "test_ring_size_must_divide_the_world_size",
                            _RING_E2E + "test_sft_ring_attn_size_2_reproduces_one_rank"),
-    **{f"{command}:{flag}": _t("refused with the reason (context parallel covers sft, rm, dpo and kto)",
-                               _RING + "test_commands_without_context_parallel_refuse_the_ring_flags")
-       for command in ("ppo", "kd", "prm") for flag in ("ring_attn_size", "ring_head_stride")},
+    "ppo:ring_attn_size": _t("the actor, reference and critic ranks split each sequence over N ranks (world = data "
+                             "parallel x N; reward models unsplit): 2 gloo ranks give the 1-rank log-probs, entropy, "
+                             "values and loss gradients, padded and packed; a 1-step ppo run on 2 actor ranks with "
+                             "--ring_attn_size 2 reproduces the 1-rank step; a size not dividing a role's ranks is "
+                             "refused", _RING_PPO + "test_ring_workers_equal_the_unsharded_workers",
+                             _RING_PPO + "test_ppo_ring_flags_are_checked_against_the_roles",
+                             _RING_PPO + "test_a_ppo_step_with_ring_attn_size_2_equals_one_rank"),
+    "ppo:ring_head_stride": _t("KV heads gathered per step in the actor, reference and critic (stride 2 gives the "
+                               "unsharded result); without --ring_attn_size > 1 refused",
+                               _RING_PPO + "test_ring_workers_equal_the_unsharded_workers",
+                               _RING_PPO + "test_ppo_ring_flags_are_checked_against_the_roles"),
+    **{f"kd:{flag}": _t("student and teacher split each sequence over the ring group; the KD loss (NLL + KL to the "
+                        "teacher) and its gradients on 2 gloo ranks equal the unsharded ones, padded and packed",
+                        _RING + "test_ring_attention_over_two_ranks_equals_the_unsharded_forward")
+       for flag in ("ring_attn_size", "ring_head_stride")},
+    **{f"prm:{flag}": _t("refused with the reason (context parallel covers sft, rm, dpo, kto, kd and ppo)",
+                         _RING + "test_commands_without_context_parallel_refuse_the_ring_flags")
+       for flag in ("ring_attn_size", "ring_head_stride")},
     # ---- tensor parallel (rlhfkit.models.tensor_parallel; docs/parallelism.md)
     "ds_tensor_parallel_size": _t("attention/MLP weights and the vocabulary split over N ranks on a (dp, tp) mesh: "
                                   "loss, gradients, clipped norm and weights after one AdamW step of 4 gloo ranks "
@@ -289,8 +309,12 @@ EFFECTS: dict[str, Effect] = {
     "margin_loss": _t("each pair carries its margin into the batch the loss reads",
                       _OPT + "test_preference_keys_and_the_rm_margin"),
     "margin_key": _t("the row key the margin is read from", _OPT + "test_preference_keys_and_the_rm_margin"),
-    "compute_fp32_loss": NoEffect("rlhfkit always computes the reward-model loss in float32; the flag is accepted "
-                                  "for OpenRLHF compatibility"),
+    "compute_fp32_loss": _t("the reward-model loss is float32 always: the switch is the default, "
+                            "--no-compute_fp32_loss is refused",
+                            _OPT + "test_pair_commands_refuse_row_keys_and_a_loss_outside_float32"),
+    **{f"{_command}:{_flag}": _t("refused with the reason (pairs: --prompt_key, --chosen_key, --rejected_key)",
+                                 _OPT + "test_pair_commands_refuse_row_keys_and_a_loss_outside_float32")
+       for _command in ("rm", "dpo") for _flag in ("input_key", "output_key")},
     "value_head_prefix": NoEffect("the only accepted value is 'score' (the head rlhfkit's reward models and critic "
                                   "have); any other value is refused by the parser"),
     "serve-rm:value_head_prefix": _t("anything but 'score' is refused",
@@ -365,8 +389,8 @@ EFFECTS: dict[str, Effect] = {
                   "keeps rlhfkit's lines; with it, live on the console",
                   "tests/observability/test_quiet_console.py::"
                   "test_verbose_keeps_the_actors_output_live_and_otherwise_it_goes_to_the_run_folder",
-                  _PPO_OPTS + "test_joins_a_running_cluster_by_address"),
-    "ray_address": _t("joins that Ray cluster", _PPO_OPTS + "test_joins_a_running_cluster_by_address",
+                  _SPREAD),
+    "ray_address": _t("joins that Ray cluster", _SPREAD,
                       _BI + "test_engine_flags_reach_the_engines"),
     "torch_threads_per_worker": _t("torch threads of each worker",
                                    "tests/rl/test_cpu_threads.py::"
@@ -574,7 +598,7 @@ _FULL = "tests/rl/test_ppo_full.py::"
 _SYNC = "tests/rl/test_sync_check.py::"
 EFFECTS.update({
     "ppo:vllm_num_engines": _t("that many engine actors, the prompts of a step split between them",
-                               _OWN + "test_two_engines_from_flags_share_the_rollouts"),
+                               _SPREAD),
     "ppo:colocate_all_models": _t("the engine and the reference on the actor's placement group",
                                   _OWN + "test_colocate_all_models_puts_the_engine_on_the_actors_bundle"),
     "ppo:colocate_actor_ref": _t("the reference on the actor's placement group, critic and reward model apart",

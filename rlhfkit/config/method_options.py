@@ -28,8 +28,8 @@ class RMOptions:
                     choices=["sigmoid", "logexp"])
     margin_loss: bool = opt(False, "subtract the row's margin (--margin_key) inside the pairwise loss")
     margin_key: str = opt("margin", "key of the per-pair margin read with --margin_loss (OpenRLHF reads 'margin')")
-    compute_fp32_loss: bool = opt(False, "accepted for compatibility: rlhfkit always computes the reward-model loss "
-                                         "in float32")
+    compute_fp32_loss: bool = opt(True, "the reward-model loss is computed in float32 (always: the head's values "
+                                        "are cast before the pairwise loss); --no-compute_fp32_loss is refused")
     value_head_prefix: str = opt("score", "name of the scalar head (rlhfkit's heads are always 'score', the "
                                           "AutoModelForSequenceClassification name)", choices=["score"])
 

@@ -92,7 +92,8 @@ class TrainOptions:
     eval_steps: int = opt(-1, "evaluate every N steps (-1: at the end of each epoch)")
     ring_attn_size: int = opt(1, "context parallel: split every sequence across this many ranks (a ring group; "
                                  "world = data parallel x ring size); all-gather (llama3) attention in pure torch, "
-                                 "padded or packed; sft, rm, dpo, kto (docs/parallelism.md)")
+                                 "padded or packed; sft, rm, dpo, kto, kd, and ppo's actor, reference and critic "
+                                 "(docs/parallelism.md)")
     ring_head_stride: int = opt(1, "with --ring_attn_size > 1: key/value heads gathered and attended per step "
                                    "(must divide the model's KV heads); same result, trades message count for "
                                    "buffer size")

@@ -41,6 +41,8 @@ _OFFLINE_SLEEP = ("only ppo has phases (generation, then training) to put traine
 _NO_CHECKPOINTS = "batch-inference trains nothing and writes no checkpoint; drop the flag"
 REJECTED_FLAG_REASONS: dict[str, dict[str, str]] = {
     "batch-inference": {"disable_ds_ckpt": _NO_CHECKPOINTS, "max_ckpt_mem": _NO_CHECKPOINTS},
+    "serve-rm": {flag: _NO_CHECKPOINTS.replace("batch-inference", "serve-rm")
+                 for flag in ("disable_ds_ckpt", "max_ckpt_mem")},
 }
 # --deepspeed_enable_sleep: ppo maps it to --fsdp_enable_offload (rlhfkit.config.dialect); the others refuse it.
 _SLEEP_REFUSED: dict[str, str] = {
@@ -65,9 +67,12 @@ _NO_TP_WHY = {"ppo": "the actor, critic and reference Ray workers build no tenso
                      "to vLLM expects whole tensors",
               "kd": "the teacher is a second model not checked against the tensor-parallel plan",
               "prm": "the process reward path has not been verified under tensor parallelism"}
-_NO_RING_WHY = {"kd": "the student and the teacher", "prm": "the step placeholders"}
-_NO_RING = ("context parallel (ring attention) is implemented for sft, rm, dpo and kto, not for {command}: {why}; "
-            "drop the flag and fit each sequence on one rank (e.g. with --gradient_checkpointing)")
+_NO_RING_WHY = {"prm": "the step placeholders"}
+_NO_RING = ("context parallel (ring attention) is implemented for sft, rm, dpo, kto, kd and ppo, not for {command}: "
+            "{why}; drop the flag and fit each sequence on one rank (e.g. with --gradient_checkpointing)")
+
+_PAIR_KEYS = ("{command} reads chosen/rejected pairs, not input/output rows (OpenRLHF's train_{command} has no such "
+              "flag): name the row keys with --prompt_key, --chosen_key and --rejected_key")
 
 # Flags a command's shared option groups declare but that command does not act on: refused when given (on the
 # command line or in --config) instead of silently ignored. command -> flag -> reason.
@@ -76,21 +81,27 @@ COMMAND_REJECTED_FLAGS: dict[str, dict[str, str]] = {
         "learning_rate": "ppo trains two models: use --actor_learning_rate and --critic_learning_rate",
         "logging_steps": dialect.PPO_LOGGING,
         "full_determinism": "not implemented for the Ray workers of ppo; drop the flag (runs are seeded by --seed)",
-        **{flag: _NO_RING.format(command="ppo", why="the actor, critic and reference workers do not shard sequences "
-                                 "yet (docs/parallelism.md)") for flag in _RING_FLAGS},
-        **{flag: _NO_TP.format(command="ppo", why=_NO_TP_WHY["ppo"]) for flag in _TP_FLAGS},
     },
     **{command: {"deepspeed_enable_sleep": reason} for command, reason in _SLEEP_REFUSED.items()
        if command not in _NO_RING_WHY},
     **{command: {"deepspeed_enable_sleep": _SLEEP_REFUSED[command],
                  **{flag: _NO_RING.format(command=command, why=f"{what} read full-vocabulary logits at every position, "
                                           "which the context-parallel path does not gather (docs/parallelism.md)")
-                    for flag in _RING_FLAGS},
-                 **{flag: _NO_TP.format(command=command, why=_NO_TP_WHY[command]) for flag in _TP_FLAGS}}
+                    for flag in _RING_FLAGS}}
        for command, what in _NO_RING_WHY.items()},
 }
+for _command, _why in _NO_TP_WHY.items():
+    COMMAND_REJECTED_FLAGS.setdefault(_command, {}).update(
+        {flag: _NO_TP.format(command=_command, why=_why) for flag in _TP_FLAGS})
 COMMAND_REJECTED_FLAGS["batch-inference"]["ds_tensor_parallel_size"] = (
     "batch-inference trains nothing; the tensor parallelism of its vLLM engines is --tp_size")
+COMMAND_REJECTED_FLAGS["serve-rm"] = {
+    "load_in_4bit": "4-bit loading is not supported; serve the model in bf16/fp16/fp32",
+    "packing_samples": "serve-rm scores padded micro-batches; drop the flag",
+}
+for _command in ("rm", "dpo"):
+    COMMAND_REJECTED_FLAGS[_command].update({flag: _PAIR_KEYS.format(command=_command)
+                                             for flag in ("input_key", "output_key")})
 
 
 def _flag_type(tp: Any) -> tuple[Any, str | None]:

@@ -19,7 +19,7 @@ import logging
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -75,7 +75,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The unsharded model weights on CPU (collective: every rank must call it; rank 0 receives them)."""
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return cast(dict[str, torch.Tensor],
+                get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
 
 
 def save_hf_folder(model: torch.nn.Module, tokenizer: Any, out_dir: str | Path,
@@ -88,7 +89,7 @@ def save_hf_folder(model: torch.nn.Module, tokenizer: Any, out_dir: str | Path,
     if _rank() == 0:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        unwrapped = getattr(model, "module", model)
+        unwrapped: Any = getattr(model, "module", model)
         tied_keys = getattr(unwrapped, "all_tied_weights_keys", None) or {}
         if weights:
             unknown = sorted(set(weights) - set(state))
@@ -170,7 +171,7 @@ def load_checkpoint(ckpt_path: str | Path, model: torch.nn.Module, optimizer: to
     models = {"model": (model, optimizer), **(extra_models or {})}
     for name, (mod, opt) in models.items():
         msd, osd = get_state_dict(mod, opt)
-        state = {"model": msd, "optim": osd}
+        state: dict[str, Any] = {"model": msd, "optim": osd}
         dcp.load(state, checkpoint_id=str(folder / name))
         set_state_dict(mod, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     for name, tensors in (extra_state or {}).items():  # loaded in place (resharded like the model)

@@ -54,6 +54,17 @@ class EMA:
         return out
 
 
+DEFAULT_EMA_BETA = 0.992  # OpenRLHF's default decay
+
+
+def resolved_ema_beta(cfg: object) -> float | None:
+    """The EMA decay a run uses: --ema_beta, or DEFAULT_EMA_BETA, with --enable_ema; None without it."""
+    if not getattr(cfg, "enable_ema", False):
+        return None
+    beta = getattr(cfg, "ema_beta", None)
+    return DEFAULT_EMA_BETA if beta is None else float(beta)
+
+
 def validate_ema(cfg: object) -> None:
     """--ema_beta must lie in (0, 1) and goes with --enable_ema (alone it would do nothing)."""
     from rlhfkit.errors import ConfigError
@@ -66,4 +77,4 @@ def validate_ema(cfg: object) -> None:
                           "drop --ema_beta")
     if not 0.0 < beta < 1.0:
         raise ConfigError(f"--ema_beta {beta} must be in (0, 1): ema = beta * ema + (1 - beta) * weights (OpenRLHF's "
-                          "default 0.992)")
+                          f"default {DEFAULT_EMA_BETA})")

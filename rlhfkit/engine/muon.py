@@ -17,7 +17,7 @@ rounding (tests/engine/test_muon.py checks this on 2 gloo ranks).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -37,7 +37,8 @@ def muon_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Param
     for module in model.modules():
         if isinstance(module, nn.Embedding):
             exempt.update(id(p) for p in module.parameters())
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    hf: Any = model  # a transformers model: get_output_embeddings is not nn.Module's
+    output = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
     if output is not None:
         exempt.update(id(p) for p in output.parameters())
     muon, decay, no_decay = [], [], []
@@ -66,7 +67,8 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self._inner: dict[str, torch.optim.Optimizer] = {}
         groups = [g for g in adamw_groups if g["params"]]
         if groups:
-            self._inner["adamw"] = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **(adamw_kwargs or {}))
+            self._inner["adamw"] = torch.optim.AdamW(groups, lr=lr, betas=cast(tuple[float, float], betas), eps=eps,
+                                                   **(adamw_kwargs or {}))
         if muon_params:
             self._inner["muon"] = torch.optim.Muon(muon_params, lr=muon_lr, weight_decay=weight_decay,
                                                    momentum=momentum, nesterov=nesterov, ns_steps=ns_steps)

@@ -26,7 +26,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -100,7 +100,8 @@ def measure_matmul_gflops(dtype: torch.dtype, device: str = "cpu", size: int = _
     def best(n: int, min_reps: int, seconds: float) -> float:
         a = torch.randn(n, n, device=device).to(dtype)
         b = torch.randn(n, n, device=device).to(dtype)
-        rates, began = [], time.perf_counter()
+        rates: list[float] = []
+        began = time.perf_counter()
         while len(rates) < min_reps or time.perf_counter() - began < seconds:
             start = time.perf_counter()
             a @ b
@@ -136,7 +137,7 @@ def cpu_matmul_rates() -> dict[str, Any]:
             cached = json.loads(path.read_text())
             if cached.get("key") == key:
                 return cached
-        rates = {"key": key, "fp32_gflops": round(measure_matmul_gflops(torch.float32), 2),
+        rates: dict[str, Any] = {"key": key, "fp32_gflops": round(measure_matmul_gflops(torch.float32), 2),
                  "bf16_gflops": round(measure_matmul_gflops(torch.bfloat16), 2)}
         if rates["fp32_gflops"] < _SLOW_GFLOPS:  # no AVX2-class CPU is this slow: other processes held the cores
             log.warning("precision probe: fp32 matmul ran at %.1f GFLOP/s, so the machine was busy; deciding from "
@@ -227,7 +228,7 @@ def apply_precision(cfg: Any, device_type: str, touch_device: bool = True) -> Pr
                                                   ("--vllm_dtype", getattr(cfg, "vllm_dtype", None)))
             if value in ("bf16", "fp16")]
     if half and device_type == "cpu" and not choice.native_bf16 and choice.bf16_gflops:
-        slowdown = choice.fp32_gflops / choice.bf16_gflops
+        slowdown = cast(float, choice.fp32_gflops) / choice.bf16_gflops
         log.warning("%s on a CPU without native bf16 (%s): half-precision matmul measured %.0fx slower than fp32 "
                     "here; leave it at auto (fp32 on this machine) unless bf16 itself is what you test",
                     " and ".join(half), choice.reason.removeprefix("requested; "), slowdown)

@@ -6,7 +6,7 @@ Used by every trainer (offline loop, PPO actor and critic). It does not know abo
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -30,9 +30,10 @@ class TrainEngine:
         self.dist = dist_info
         self.cfg = cfg
         if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(
+            hf: Any = model  # a transformers model: these are its methods, not nn.Module's
+            hf.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": cfg.gradient_checkpointing_use_reentrant})
-            model.config.use_cache = False
+            hf.config.use_cache = False
         if ring_group() is not None:  # --ring_attn_size > 1: sequences split over the ring group
             use_ring_attention(model)
         self.model = shard_model(model, zero_stage=cfg.zero_stage, device=dist_info.device,
@@ -69,18 +70,19 @@ class TrainEngine:
         if self.settings.max_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, self.settings.max_norm)
         else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            norm = torch.nn.utils.get_total_norm(cast(list[torch.Tensor], [p.grad for p in params]))
         value = float(_full(norm))
         if not math.isfinite(value):
             raise FloatingPointError(f"gradient norm is {value} at lr {self.lr:.3g}: the loss diverged. "
                                      "Lower --learning_rate or check the data for empty targets.")
         if report is not None:
             report["lr"] = self.lr
-            report["grad_norm_after_clip"] = float(_full(torch.nn.utils.get_total_norm([p.grad for p in params])))
+            grads = cast(list[torch.Tensor], [p.grad for p in params])
+            report["grad_norm_after_clip"] = float(_full(torch.nn.utils.get_total_norm(grads)))
         self.optimizer.step()
         if self.ema is not None:
             self.ema.update()
-        if before is not None:
+        if before is not None and report is not None:  # (before is set exactly when report is)
             report.update(_update_size(before, [_local(p).detach() for p in self.model.parameters()]))
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

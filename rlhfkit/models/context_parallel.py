@@ -112,7 +112,8 @@ def register_ring_attention() -> None:
 
 def use_ring_attention(model: torch.nn.Module) -> None:
     """Switch ``model`` (a transformers model, possibly PEFT-wrapped) to the ring attention function."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hf: Any = model  # a transformers model: get_base_model (PEFT) and config are not nn.Module's
+    inner: Any = hf.get_base_model() if hasattr(hf, "get_base_model") else hf
     heads = getattr(inner.config, "num_key_value_heads", None) or inner.config.num_attention_heads
     if _RING is not None and heads % _RING.head_stride:
         from rlhfkit.errors import ConfigError
@@ -142,6 +143,12 @@ class _GatherSequence(torch.autograd.Function):
 def gather_along(tensor: torch.Tensor, dim: int, ring: RingGroup) -> torch.Tensor:
     """Autograd-aware all-gather of equal chunks along ``dim`` over the ring group (concatenated in rank order)."""
     return _GatherSequence.apply(tensor, dim, ring.group, ring.rank, ring.size)
+
+
+def sum_over_ring(tensor: torch.Tensor, ring: RingGroup) -> torch.Tensor:
+    """The sum of `tensor` over the ring group's ranks, on every rank (autograd: the gather's backward, so each rank's
+    part gets the group's summed upstream gradient, the N-fold one of the loss convention above)."""
+    return gather_along(tensor[None], 0, ring).sum(0)
 
 
 def ring_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -194,12 +201,35 @@ def ring_mask(position_ids: torch.Tensor, attention_mask: torch.Tensor | None, s
     return allowed[:, None]
 
 
+def block_ring_mask(mask: torch.Tensor, start: int, chunk: int, total: int) -> torch.Tensor:
+    """``[B, 1, chunk, total]`` boolean rows ``[start, start + chunk)`` of a full 4-D ``[B, 1, T, T]`` mask (boolean:
+    True = attend; floating: additive, 0 = attend), such as ppo's packed rows whose responses share one prompt
+    (rlhfkit.rl.packing); the ``total - T`` padding keys are attended by nobody, and every query sees itself."""
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    extra = total - allowed.shape[-1]
+    allowed = F.pad(allowed, (0, extra, 0, extra), value=False)[:, :, start:start + chunk]
+    queries = torch.arange(start, start + chunk, device=mask.device)
+    return allowed | (queries[:, None] == torch.arange(total, device=mask.device)[None, :])
+
+
 def shard_forward_kwargs(kwargs: dict[str, Any], ring: RingGroup) -> dict[str, Any]:
     """This rank's share of a forward: ``input_ids`` / ``position_ids`` cut to its chunk of the row (padded to a
-    multiple of the ring size), ``attention_mask`` replaced by the chunk's `ring_mask`."""
+    multiple of the ring size), ``attention_mask`` replaced by the chunk's `ring_mask` (a 2-D padding mask or none)
+    or by the chunk's rows of a 4-D block mask (`block_ring_mask`)."""
     ids, positions, mask = kwargs["input_ids"], kwargs["position_ids"], kwargs.get("attention_mask")
-    if mask is not None and mask.dim() != 2:
-        raise ValueError("context parallel forwards take a 2-D attention_mask (padded batch) or none (packed row)")
+    if mask is not None and mask.dim() not in (2, 4):
+        raise ValueError("context parallel forwards take a 2-D attention_mask (padded batch), a 4-D block mask "
+                         "[B, 1, T, T], or none (packed row)")
+    if mask is not None and mask.dim() == 4:
+        total = padded_length(ids.shape[1], ring)
+        chunk = total // ring.size
+        start = ring.rank * chunk
+        extra = total - ids.shape[1]
+        ids, positions = F.pad(ids, (0, extra)), F.pad(positions, (0, extra))
+        local = {k: v for k, v in kwargs.items() if k not in ("input_ids", "position_ids", "attention_mask")}
+        local.update(input_ids=ids[:, start:start + chunk], position_ids=positions[:, start:start + chunk],
+                     attention_mask=block_ring_mask(mask, start, chunk, total), use_cache=False)
+        return local
     extra = padded_length(ids.shape[1], ring) - ids.shape[1]
     if extra:
         ids, positions = F.pad(ids, (0, extra)), F.pad(positions, (0, extra))

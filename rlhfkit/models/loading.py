@@ -313,7 +313,8 @@ def head_values(model: torch.nn.Module, **forward_kwargs: Any) -> torch.Tensor:
 
 def _score_module(model: torch.nn.Module) -> torch.nn.Module:
     """The ``score`` Linear of a (possibly PEFT-wrapped) sequence-classification model."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hf: Any = model  # PEFT's get_base_model is not nn.Module's
+    inner: Any = hf.get_base_model() if hasattr(hf, "get_base_model") else hf
     head = getattr(inner, VALUE_HEAD, None)
     if head is None:
         raise ValueError(f"{type(inner).__name__} has no {VALUE_HEAD!r} head; load it with load_scalar_model")

@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model
@@ -78,7 +79,7 @@ def merge_lora(
     if has_tokenizer:  # an adapter folder has no config.json, so it is read directly, not as a model spec
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir))
+        tokenizer: Any = AutoTokenizer.from_pretrained(str(adapter_dir))
     else:
         tokenizer = load_tokenizer(resolve_pretrain(base_spec))
     return save_hf(merged, tokenizer, out_dir)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 
-def _inner(model: nn.Module) -> nn.Module:
+def _inner(model: Any) -> nn.Module:
     """The transformers model under PEFT / FSDP wrappers."""
     while True:
         if hasattr(model, "get_base_model"):
@@ -82,7 +82,7 @@ class RouterAuxLoss:
         self._logits: list[torch.Tensor] = []
         self._mask: torch.Tensor | None = None
         self._auxes: list[torch.Tensor] = []
-        recorder = router_recorder(model)
+        recorder: Any = router_recorder(model)
         index = getattr(recorder, "index", 0) or 0
         routers = [m for m in _inner(model).modules() if isinstance(m, recorder.target_class)]
         self._accepts_flag = "output_router_logits" in inspect.signature(_inner(model).forward).parameters

@@ -8,6 +8,7 @@ seconds. Attention uses 2 heads of size 32: vLLM's CPU attention rejects head_di
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 from transformers import (
@@ -41,7 +42,10 @@ def tiny_config(tokenizer: PreTrainedTokenizerBase, *, num_layers: int = 2, hidd
     if hidden % HEAD_DIM:
         raise ValueError(f"hidden={hidden} must be a multiple of the head size {HEAD_DIM}")
     heads = hidden // HEAD_DIM
-    extra = {} if num_labels is None else {"num_labels": num_labels}
+    # rope_theta: transformers 5 reads it into rope_parameters (its type stubs no longer list it)
+    extra: dict[str, Any] = {"rope_theta": 100000.0}
+    if num_labels is not None:
+        extra["num_labels"] = num_labels
     return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
@@ -52,7 +56,6 @@ def tiny_config(tokenizer: PreTrainedTokenizerBase, *, num_layers: int = 2, hidd
         head_dim=HEAD_DIM,
         max_position_embeddings=512,
         rms_norm_eps=1e-5,
-        rope_theta=100000.0,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -67,7 +70,8 @@ def _build(model_cls: type[PreTrainedModel], out_dir: str, *, seed: int, num_lay
     config = tiny_config(tokenizer, num_layers=num_layers, hidden=hidden, num_labels=num_labels)
     with torch.random.fork_rng(devices=[]):  # deterministic from the seed, global RNG left untouched
         torch.manual_seed(seed)
-        model = model_cls(config).to(torch.float32)
+        model: Any = model_cls(config)
+        model = model.to(torch.float32)
     model.eval()
     return save_hf(model, tokenizer, os.fspath(out_dir))
 
@@ -94,14 +98,16 @@ def build_tiny_moe_causal_lm(out_dir: str, *, seed: int = 0, num_experts: int = 
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     tokenizer = tiny_tokenizer()
+    shape: dict[str, Any] = {"head_dim": HEAD_DIM}  # read by Qwen3MoeConfig, not in its type stubs
     config = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=HEAD_DIM,
+                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                             num_experts=num_experts, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
                             max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=True,
                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                            pad_token_id=tokenizer.pad_token_id)
+                            pad_token_id=tokenizer.pad_token_id, **shape)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3MoeForCausalLM(config).to(torch.float32)
+        model: Any = Qwen3MoeForCausalLM(config)
+        model = model.to(torch.float32)
     model.eval()
     return save_hf(model, tokenizer, os.fspath(out_dir))

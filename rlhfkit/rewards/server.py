@@ -17,30 +17,26 @@ binds 0.0.0.0; exposing a reward server is an explicit choice here).
 
 from __future__ import annotations
 
-import argparse
 import hmac
 import json
 import logging
 import os
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import torch
 
+from rlhfkit.config.parse import config_to_dict, parse_config
+from rlhfkit.config.serve_options import DESCRIPTION, ServeRMOptions
 from rlhfkit.errors import ConfigError, RewardError
 from rlhfkit.rewards.base import RewardSource, check_batch
 from rlhfkit.rewards.remote import ENDPOINT, TOKEN_ENV
-from rlhfkit.rewards.reward_func import DEFAULT_TIMEOUT
 from rlhfkit.rewards.sources import build_reward_source
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 256 * 1024 * 1024
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-REJECTED = {"load_in_4bit": "4-bit loading is not supported; serve the model in bf16/fp16/fp32",
-            "packing_samples": "serve-rm scores padded micro-batches; drop the flag",
-            "use_ms": "ModelScope downloads are not supported; pass a local folder or a hub name"}
 
 
 class BadRequest(ValueError):
@@ -147,62 +143,28 @@ def parse_request(body: bytes) -> tuple[list[str], list[str], list[Any]]:
         raise BadRequest(400, str(err)) from err
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Flags of ``rlhfkit serve-rm`` (OpenRLHF's ``serve_rm`` names, plus the reward_func options)."""
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="rlhfkit serve-rm",
-                                description="Serve a reward model or reward_func over HTTP.")
-    p.add_argument("--reward_pretrain", default=None, help="reward model(s), comma-separated (combined per "
-                   "--reward_combine)")
-    p.add_argument("--remote_rm_url", default=None, help="a reward_func .py file or builtin:math|format|exact")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; OpenRLHF: 0.0.0.0)")
-    p.add_argument("--port", type=int, default=5000)
-    p.add_argument("--auth_token", default=None, help=f"require 'Authorization: Bearer TOKEN' (default ${TOKEN_ENV})")
-    p.add_argument("--normalize_reward", action="store_true", help="apply reward_mean/reward_std from config.json")
-    p.add_argument("--max_len", type=int, default=2048, help="keep the last max_len tokens of each query")
-    p.add_argument("--batch_size", type=int, default=None, help="micro-batch size (default: the whole request)")
-    p.add_argument("--value_head_prefix", default="score", help="only 'score' is supported")
-    p.add_argument("--param_dtype", choices=sorted(DTYPES), default="fp32", help="(OpenRLHF default: bf16)")
-    p.add_argument("--attn_implementation", default="sdpa", help="(OpenRLHF default: flash_attention_2)")
-    p.add_argument("--disable_fast_tokenizer", action="store_true")
-    p.add_argument("--reward_timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per reward_func call")
-    p.add_argument("--reward_error_policy", choices=["raise", "zero"], default="raise")
-    p.add_argument("--reward_combine", choices=["mean", "sum"], default="mean")
-    p.add_argument("--reward_weights", default=None, help="comma-separated weights, one per reward source")
-    p.add_argument("--reward_format_pattern", default=None, help="regex for builtin:format")
-    for flag in REJECTED:
-        p.add_argument(f"--{flag}", action="store_true", help=argparse.SUPPRESS)
-    return p
-
-
 def build_server(argv: list[str] | None = None) -> RewardServer:
-    """Parse flags, load the reward source and bind the server (not yet serving)."""
-    from rlhfkit.config.dialect import rewrite_argv
+    """Parse the flags of ``rlhfkit serve-rm`` (the shared `parse_config` path: OpenRLHF's dotted names, --config,
+    refusals), load the reward source and bind the server (not yet serving)."""
+    opts = ServeRMOptions(**config_to_dict(parse_config("serve-rm", [ServeRMOptions], argv, DESCRIPTION)))
+    return server_from_options(opts)
 
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:  # OpenRLHF's dotted names (--reward.model_name_or_path) -> ours
-        argv = rewrite_argv("serve-rm", argv, parser, REJECTED.get)
-    except ConfigError as err:
-        parser.error(str(err))
-    args = parser.parse_args(argv)
-    for flag, reason in REJECTED.items():
-        if getattr(args, flag):
-            parser.error(f"--{flag}: {reason}")
-    if args.value_head_prefix != "score":
-        parser.error(f"--value_head_prefix {args.value_head_prefix!r}: rlhfkit reward models use the head 'score'")
-    specs = [s for s in (args.reward_pretrain, args.remote_rm_url) if s]
+
+def server_from_options(opts: ServeRMOptions) -> RewardServer:
+    """Load the reward source ``opts`` name and bind the server; ConfigError when there is no source."""
+    specs = [s for s in (opts.reward_pretrain, opts.remote_rm_url) if s]
     if not specs:
-        parser.error("give --reward_pretrain (a reward model) and/or --remote_rm_url (a reward_func file)")
-    model_kwargs = {"normalize_reward": args.normalize_reward, "max_len": args.max_len,
-                    "micro_batch_size": args.batch_size, "dtype": DTYPES[args.param_dtype],
-                    "attn_implementation": args.attn_implementation,
-                    "use_fast_tokenizer": not args.disable_fast_tokenizer}
-    weights = [float(w) for w in args.reward_weights.split(",")] if args.reward_weights else None
-    source = build_reward_source(specs, timeout=args.reward_timeout, error_policy=args.reward_error_policy,
-                                 combine_rule=args.reward_combine, weights=weights,
-                                 format_pattern=args.reward_format_pattern, model_kwargs=model_kwargs)
-    token = args.auth_token if args.auth_token is not None else os.environ.get(TOKEN_ENV)
-    return RewardServer(source, args.host, args.port, token)
+        raise ConfigError("give --reward_pretrain (a reward model) and/or --remote_rm_url (a reward_func file)")
+    model_kwargs = {"normalize_reward": opts.normalize_reward, "max_len": opts.max_len,
+                    "micro_batch_size": opts.batch_size, "dtype": DTYPES[opts.param_dtype],
+                    "attn_implementation": opts.attn_implementation,
+                    "use_fast_tokenizer": not opts.disable_fast_tokenizer}
+    weights = [float(w) for w in opts.reward_weights.split(",")] if opts.reward_weights else None
+    source = build_reward_source(specs, timeout=opts.reward_timeout, error_policy=opts.reward_error_policy,
+                                 combine_rule=opts.reward_combine, weights=weights,
+                                 format_pattern=opts.reward_format_pattern, model_kwargs=model_kwargs)
+    token = opts.auth_token if opts.auth_token is not None else os.environ.get(TOKEN_ENV)
+    return RewardServer(source, opts.host, opts.port, token)
 
 
 def serve_rm_main(argv: list[str] | None = None) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from rlhfkit.launch.ray_cluster import cluster_has_gpus
-from rlhfkit.rl.experience import split_rows
+from rlhfkit.rl.ring import rank_rows, ring_size_of
 from rlhfkit.rl.worker import ModelWorker
 from rlhfkit.rollout.remote import remote_call_timeout, wait_remote
 
@@ -73,6 +73,7 @@ class ModelGroup:
         self.role = role
         self.placement_group = placement_group
         self.params = 0  # the model's parameter count, once init_model has run (rl.setup)
+        self.ring = ring_size_of(role, cfg)  # --ring_attn_size: a ring group's ranks take the same rows
         gpus = cluster_has_gpus()
         remote_cls = ray.remote(ModelWorker)
         self.workers: list[Any] = []
@@ -107,8 +108,14 @@ class ModelGroup:
         refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
         return wait_remote(refs, role=self.role, method=method, handles=self.workers)
 
+    def rank_rows(self, rows: int) -> list[list[int]]:
+        """The rows of a `rows`-row batch each rank takes: split over the data-parallel ranks, the same rows for the
+        ranks of one ring group (--ring_attn_size, rlhfkit.rl.ring)."""
+        return rank_rows(rows, self.world_size, self.ring)
+
     def map_rows(self, method: str, batch: dict[str, torch.Tensor], *args) -> torch.Tensor:
-        """Split `batch` by rows across ranks (contiguous, balanced), call `method`, concatenate the results.
+        """Split `batch` by rows across the data-parallel ranks (contiguous, balanced), call `method`, concatenate
+        the results (of each ring group's first rank).
 
         Every rank gets at least one row so that FSDP2's collectives line up; with fewer rows than ranks the
         first row is repeated and its extra results dropped.
@@ -117,13 +124,14 @@ class ModelGroup:
 
     def map_rows_async(self, method: str, batch: dict[str, torch.Tensor], *args) -> Pending:
         """`map_rows` without waiting: `.get()` the result."""
-        rows = batch["sequences"].shape[0]
-        parts = split_rows(rows, self.world_size)
+        parts = self.rank_rows(batch["sequences"].shape[0])
         refs = []
         for worker, part in zip(self.workers, parts):
             index = torch.tensor(part or [0], dtype=torch.long)
             refs.append(getattr(worker, method).remote({k: v[index] for k, v in batch.items()}, *args))
-        return Pending(refs, lambda outputs: torch.cat([out[:len(part)] for out, part in zip(outputs, parts)]),
+        ring = self.ring
+        return Pending(refs, lambda outputs: torch.cat([out[:len(part)] for out, part in
+                                                        zip(outputs[::ring], parts[::ring])]),
                        (self.role, method, self.workers))
 
     def scatter(self, method: str, shards: Sequence[dict[str, torch.Tensor]], *args,

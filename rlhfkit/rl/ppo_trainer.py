@@ -29,8 +29,8 @@ from rlhfkit.observability.placement import collect_whereabouts, record_placemen
 from rlhfkit.observability.trace import add_loss_weights, take_trainer_mismatch, write_step_trace
 from rlhfkit.rl.debug_dump import add_updates, step_record, wants_dump, write_dump
 from rlhfkit.rl.engine_faults import EngineFaults, engine_fault
-from rlhfkit.rl.experience import Experience, split_rows
-from rlhfkit.rl.group import run_side_by_side
+from rlhfkit.rl.experience import Experience
+from rlhfkit.rl.group import ModelGroup, run_side_by_side
 from rlhfkit.rl.make_experience import (
     PromptStream,
     Rollout,
@@ -100,11 +100,11 @@ def train_on_experience(s: RLSetup, exp: Experience, step: int,
             calls, roles = [], []  # critic and actor train side by side when they do not share bundles
             if s.critic is not None:
                 calls.append((s.critic, partial(s.critic.scatter_async, "train_critic_step",
-                                                _shards(tensors, s.critic.world_size), num_tokens)))
+                                                _shards(tensors, s.critic), num_tokens)))
                 roles.append("critic")
             if step > cfg.freezing_actor_steps:
                 calls.append((s.actor, partial(s.actor.scatter_async, "train_policy_step",
-                                               _shards(tensors, s.actor.world_size), num_tokens,
+                                               _shards(tensors, s.actor), num_tokens,
                                                per_rank=s.ptx_per_rank(mini.batch_size),
                                                num_seqs=float(mini.batch_size), kl_coef=kl_coef)))
                 roles.append("actor")
@@ -137,10 +137,12 @@ def kl_coefficient(s: RLSetup) -> float:
     return s.cfg.init_kl_coef if kl_ctl is None else kl_ctl.value
 
 
-def _shards(tensors: dict[str, torch.Tensor], world: int) -> list[dict[str, torch.Tensor]]:
-    parts = split_rows(next(iter(tensors.values())).shape[0], world)
+def _shards(tensors: dict[str, torch.Tensor], group: ModelGroup) -> list[dict[str, torch.Tensor]]:
+    """Each rank's rows of a mini-batch: split over the data-parallel ranks (a ring group's ranks share them)."""
+    parts = group.rank_rows(next(iter(tensors.values())).shape[0])
     if any(not p for p in parts):
-        raise ConfigError(f"a mini-batch has fewer rows than the {world} trainer ranks: raise --train_batch_size")
+        raise ConfigError(f"a mini-batch has fewer rows than the {len(parts) // group.ring} data-parallel trainer "
+                          "ranks: raise --train_batch_size")
     return [{k: v[torch.tensor(p)] for k, v in tensors.items()} for p in parts]
 
 

@@ -38,6 +38,7 @@ from rlhfkit.rl.debug_dump import dump_steps
 from rlhfkit.rl.group import ModelGroup, make_placement_group
 from rlhfkit.rl.make_experience import PromptStream
 from rlhfkit.rl.reward_group import RolloutRewards, model_specs, text_sources
+from rlhfkit.rl.ring import validate_ring
 from rlhfkit.rl.sync_check import SyncCheck
 from rlhfkit.rl.weight_push import push_actor_weights
 from rlhfkit.rollout.remote import call_all, set_remote_call_timeout, wait_remote
@@ -144,6 +145,8 @@ def validate_rl(cfg: Any) -> None:
         if (blocker := adapter_sync_blocker(cfg)) is not None:
             raise ConfigError(f"--lora_sync adapter cannot work here: {blocker}. Use --lora_sync merged (or auto)")
     plan = resolve_plan(cfg)
+    validate_ring(cfg, {role: plan.world(role) for role, used in (("actor", True), ("ref", plan.needs_ref),
+                                                                  ("critic", plan.needs_critic)) if used})
     trained = ("actor", "critic") if plan.needs_critic else ("actor",)
     validate_optim(cfg, trained, absent=() if plan.needs_critic else ("critic",))
     if plan.group_estimator and cfg.n_samples_per_prompt < 2:
@@ -451,7 +454,7 @@ def build_setup(cfg: Any, engines: list[Any] | None = None, best: Any = None) ->
     apply_precision(cfg, "cuda" if has_gpus else "cpu", touch_device=False)
     prepare_run_dir(cfg, True, plan.world("actor"), torchrun=False)  # the driver starts the ranks: no torchrun
     cfg.pretrain = resolve_pretrain(cfg.pretrain)
-    tokenizer = load_tokenizer(cfg.pretrain)
+    tokenizer = load_tokenizer(cfg.pretrain, use_fast=not cfg.disable_fast_tokenizer)
     if cfg.tokenizer_chat_template:
         tokenizer.chat_template = cfg.tokenizer_chat_template
     prompts = load_prompts(cfg, tokenizer, cfg.prompt_data, cfg.prompt_split, cfg.prompt_data_probs)

@@ -28,6 +28,7 @@ from rlhfkit.config.plan import kl_mode_of
 from rlhfkit.engine.checkpoint import load_checkpoint, save_checkpoint, save_hf_folder
 from rlhfkit.engine.cpu_threads import set_cpu_threads
 from rlhfkit.engine.distributed import init_distributed
+from rlhfkit.engine.ema import resolved_ema_beta
 from rlhfkit.engine.fsdp import shard_model
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.models.logprobs import log_probs_from_logits
@@ -41,6 +42,7 @@ from rlhfkit.rl.packing import (
     packed_response_log_probs,
     packed_scalar_outputs,
 )
+from rlhfkit.rl.ring import ring_packed_log_probs, ring_response_log_probs, setup_worker_ring
 from rlhfkit.rollout.types import SyncStats
 
 
@@ -87,6 +89,9 @@ class ModelWorker:
         self.role = role
         self.cfg = SimpleNamespace(**cfg)
         self.dist = init_distributed()
+        self.ring = setup_worker_ring(role, self.cfg)  # --ring_attn_size: actor, reference, critic (rl/ring.py)
+        # FSDP2 averages gradients over the world; a ring group's ranks share one loss (rl/ring.py: the scale)
+        self.loss_scale = self.dist.world_size // (self.ring.size if self.ring is not None else 1)
         self.engine: TrainEngine | None = None
         self.model = None
         self.reward_mean, self.reward_std = 0.0, 1.0
@@ -106,7 +111,9 @@ class ModelWorker:
 
         attn = self.cfg.attn_implementation
         if scalar_head or reward_model:
-            model = load_scalar_model(pretrain, init_from_causal=not reward_model, attn_implementation=attn)
+            with torch.random.fork_rng(devices=[]):  # a fresh critic head: the same on every rank, whatever its count
+                torch.manual_seed(self.cfg.seed)
+                model = load_scalar_model(pretrain, init_from_causal=not reward_model, attn_implementation=attn)
         else:
             quantized = trainable and bool(getattr(self.cfg, "load_in_4bit", False))  # QLoRA actor
             if quantized and self.cfg.lora_rank <= 0:
@@ -128,13 +135,17 @@ class ModelWorker:
 
                 model = apply_lora(model, self.cfg.lora_rank, self.cfg.lora_alpha, self.cfg.target_modules,
                                    self.cfg.lora_dropout)
-            ema = self.role == "actor" and getattr(self.cfg, "enable_ema", False)  # --enable_ema: the actor's EMA
+            ema_beta = resolved_ema_beta(self.cfg) if self.role == "actor" else None  # --enable_ema: the actor's
             self.engine = TrainEngine(model, self.cfg, self.dist, total_steps, learning_rate, role=self.role,
-                                      ema_beta=(self.cfg.ema_beta or 0.992) if ema else None)
+                                      ema_beta=ema_beta)
             self.model = self.engine.model
             self.has_dropout = has_active_dropout(model)
         else:
             model.requires_grad_(False)
+            if self.ring is not None:  # the reference: sequences split over the ring group
+                from rlhfkit.models.context_parallel import use_ring_attention
+
+                use_ring_attention(model)
             self.model = shard_model(model, zero_stage=3, device=self.dist.device, param_dtype=self.cfg.param_dtype)
             self.model.eval()
             self.offload_frozen = bool(getattr(self.cfg, "ref_reward_offload", False)) and self._on_cuda()
@@ -210,6 +221,10 @@ class ModelWorker:
     def _action_log_probs(self, mb: dict[str, torch.Tensor], with_entropy: bool = False):
         seq, mask = mb["sequences"], mb["attention_mask"]
         width = mb["action_mask"].shape[1]
+        if self.ring is not None and self.cfg.packing_samples:  # --ring_attn_size: rl/ring.py
+            return ring_packed_log_probs(self.model, self._pack(mb), self.cfg.temperature, self.ring, with_entropy)
+        if self.ring is not None:
+            return ring_response_log_probs(self.model, seq, mask, width, self.cfg.temperature, self.ring, with_entropy)
         if self.cfg.packing_samples:  # one packed row, each shared prompt once (rl/packing.py)
             return packed_response_log_probs(self.model, self._pack(mb), self.cfg.temperature,
                                              mask_dtype=self._mask_dtype(), with_entropy=with_entropy)
@@ -239,6 +254,9 @@ class ModelWorker:
         seq = torch.tensor([list(prompt_ids) + list(response_ids)], device=self.dist.device)
         mask = torch.ones_like(seq)
         with self._frozen_on_device():
+            if self.ring is not None:
+                return ring_response_log_probs(self.model, seq, mask, len(response_ids), 1.0,
+                                               self.ring)[0][0].cpu().tolist()
             logits = self.model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask),
                                 logits_to_keep=len(response_ids) + 1).logits
         return log_probs_from_logits(logits[:, :-1].float(), seq[:, -len(response_ids):])[0].cpu().tolist()
@@ -293,9 +311,10 @@ class ModelWorker:
                  value with --kl_target) - entropy_loss_coef * entropy
                + ptx_coef * LM loss on this rank's share of a --pretrain_data batch (token mean over the global
                  ptx batch, `ptx_tokens` target tokens), when `ptx` is given.
-        FSDP2 averages gradients over ranks, so each rank's loss is scaled by the world size.
+        FSDP2 averages gradients over ranks, so each rank's loss is scaled by the world size (with --ring_attn_size N
+        by world / N, the data-parallel size: rlhfkit.rl.ring).
         """
-        cfg, world = self.cfg, self.dist.world_size
+        cfg, world = self.cfg, self.loss_scale
         kl_coef = cfg.init_kl_coef if kl_coef is None else kl_coef
         gspo = cfg.policy_loss_type == "gspo"
         self.model.train()
@@ -382,6 +401,8 @@ class ModelWorker:
         report: dict[str, float] | None = {} if dump is not None else None
         sums[norm_key] = self.engine.optimizer_step(report)
         sums[lr_key] = self.engine.lr
+        if self.ring is not None and self.ring.rank > 0:  # the group's first rank reports its rows' sums
+            sums = {k: sums[k] for k in (norm_key, lr_key)}
         if dump is not None:
             sums["debug"] = {"grad_norm": sums[norm_key], **report, "micro_batches": dump}
         return sums
@@ -408,7 +429,7 @@ class ModelWorker:
 
     def train_critic_step(self, shard: dict[str, torch.Tensor], num_tokens: float) -> dict[str, float]:
         """One optimizer step of the clipped value loss (token mean over the global mini-batch)."""
-        cfg, world = self.cfg, self.dist.world_size
+        cfg, world = self.cfg, self.loss_scale
         self.model.train()
         sums: dict[str, float] = {}
         dump: list[dict[str, Any]] | None = [] if "row_index" in shard else None  # --debug_dump_steps

@@ -125,10 +125,13 @@ def resolve_lora_sync(cfg: Any, engine_infos: list[dict[str, Any]]) -> tuple[str
     return "merged", f"--lora_sync auto chose merged: {blocker}"
 
 
-def begin_update(engines: Sequence[Any], lora_config: dict[str, Any] | None, timeout_s: float | None = None) -> None:
-    """Put every engine in update mode: full weights (`lora_config` None) or a LoRA adapter."""
+def begin_update(engines: Sequence[Any], lora_config: dict[str, Any] | None, timeout_s: float | None = None,
+                 keep_vision_tower: bool = False) -> None:
+    """Put every engine in update mode: full weights (`lora_config` None) or a LoRA adapter. `keep_vision_tower`:
+    full weights without the frozen vision tower (vLLM engines; rlhfkit.models.vision)."""
     method = "begin_weight_update" if lora_config is None else "begin_lora_update"
-    call_all(engines, method, role="engine", timeout_s=timeout_s)
+    args = (True,) if keep_vision_tower else ()
+    call_all(engines, method, *args, role="engine", timeout_s=timeout_s)
 
 
 def finish_update(engines: Sequence[Any], lora_config: dict[str, Any] | None, timeout_s: float | None = None) -> None:

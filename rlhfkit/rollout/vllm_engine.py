@@ -112,19 +112,28 @@ class VLLMEngine:
         """The health check before each step (`rlhfkit.rollout.remote.ping_engines`): answers at once when alive."""
         return True
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[RolloutSample]:
-        """Generate `sampling.n` responses per prompt, ordered by (prompt, sample)."""
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
+                 images: list[list[Any]] | None = None) -> list[RolloutSample]:
+        """Generate `sampling.n` responses per prompt, ordered by (prompt, sample).
+
+        `images[i]`: prompt i's PIL images (vision-language models, `rlhfkit.models.vision`); its ids then hold one
+        placeholder per image, which vLLM expands, and the sample's `prompt_ids` are the expanded ids."""
         from vllm.inputs import TokensPrompt
 
         prompts, params, keys = [], [], []
         for i, ids in enumerate(prompt_ids):
             for j in range(sampling.n):
-                prompts.append(TokensPrompt(prompt_token_ids=list(ids)))
+                prompt = TokensPrompt(prompt_token_ids=list(ids))
+                if images is not None and images[i]:
+                    prompt["multi_modal_data"] = {"image": list(images[i])}
+                prompts.append(prompt)
                 params.append(_sampling_params(sampling, sampling.sample_seed(i, j)))
                 keys.append((i, j))
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
         self.prompts_generated += len(prompt_ids)
-        return [_to_sample(i, j, prompt_ids[i], out.outputs[0]) for (i, j), out in zip(keys, outputs)]
+        with_images = images is not None
+        return [_to_sample(i, j, list(out.prompt_token_ids) if with_images else prompt_ids[i], out.outputs[0])
+                for (i, j), out in zip(keys, outputs)]
 
     def score(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         """log softmax(logits)[token] (temperature 1) of each response token given its prompt (vLLM prompt_logprobs)."""
@@ -140,9 +149,10 @@ class VLLMEngine:
             scores.append([out.prompt_logprobs[t][seq[t]].logprob for t in range(len(p), len(seq))])
         return scores
 
-    def begin_weight_update(self) -> None:
-        """Start a streamed in-place weight update on every worker."""
-        self.llm.collective_rpc("rlhf_begin_weight_update")
+    def begin_weight_update(self, keep_vision_tower: bool = False) -> None:
+        """Start a streamed in-place weight update on every worker (`keep_vision_tower`: a frozen vision tower is
+        not sent and keeps its weights)."""
+        self.llm.collective_rpc("rlhf_begin_weight_update", args=(keep_vision_tower,))
 
     def load_weight_bucket(self, named_tensors: NamedTensors) -> int:
         """Load one bucket of (HF name, full tensor) pairs on every worker."""
@@ -156,6 +166,9 @@ class VLLMEngine:
             self.lora_request = None
         if self.enable_prefix_caching:
             self.reset_prefix_cache()
+        if self.llm.model_config.is_multimodal_model:  # image embeddings of the old weights, on both sides
+            self.llm.llm_engine.reset_encoder_cache()  # the scheduler's record and the runner's tensors
+            self.llm.reset_mm_cache()  # the processor cache and its receiver (else: "Encoder cache miss")
 
     def begin_lora_update(self) -> None:
         """Start an adapter-only update: the next buckets (either transport) carry LoRA A/B tensors."""

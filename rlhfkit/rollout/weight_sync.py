@@ -48,6 +48,7 @@ def sync_weights(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     transport: str = "ray",
     lora_config: dict[str, Any] | None = None,
+    keep_vision_tower: bool = False,
 ) -> SyncStats:
     """Replace every engine's weights in place with `named_tensors` (full HF-named tensors); return timings.
 
@@ -57,13 +58,16 @@ def sync_weights(
     generator that gathers one full tensor at a time. `transport` "gloo"/"nccl" builds a broadcast group for this
     one sync and closes it (see `WeightBroadcaster` to keep one). With `lora_config` (a peft adapter config)
     `named_tensors` are a LoRA adapter's A/B tensors and the engines serve them as a new adapter on their unchanged
-    base (`rlhfkit.rollout.lora_sync`).
+    base (`rlhfkit.rollout.lora_sync`). `keep_vision_tower`: `named_tensors` leave out a frozen vision tower
+    (`rlhfkit.models.vision.without_vision_tower`), which the engines keep (ray transport only so far).
     """
     import ray
 
     if transport not in TRANSPORTS:
         raise ValueError(f"unknown weight sync transport {transport!r}; expected one of {TRANSPORTS}")
     if transport != "ray":
+        if keep_vision_tower:
+            raise ValueError("keep_vision_tower (a frozen vision tower left out of the sync) needs transport 'ray'")
         from rlhfkit.rollout.weight_broadcast import WeightBroadcaster
 
         sender = WeightBroadcaster(engines, transport)
@@ -72,7 +76,7 @@ def sync_weights(
         finally:
             sender.close()
     start = time.perf_counter()
-    begin_update(engines, lora_config)
+    begin_update(engines, lora_config, keep_vision_tower=keep_vision_tower)
     total_bytes = buckets = tensors = 0
     for bucket in iter_buckets(named_tensors, bucket_bytes):
         ref = ray.put(bucket)

@@ -45,14 +45,16 @@ class WeightReloadExtension:
 
     model_runner: object  # provided by the vLLM worker this class is mixed into
 
-    def rlhf_begin_weight_update(self) -> None:
-        """Put every layer into layerwise-reload mode (weights now load into buffers, not kernels)."""
+    def rlhf_begin_weight_update(self, keep_vision_tower: bool = False) -> None:
+        """Put every layer into layerwise-reload mode (weights now load into buffers, not kernels).
+        `keep_vision_tower`: the update does not send the (frozen) vision tower; its layers keep their weights."""
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         if getattr(self, "_rlhf_loaded", None) is not None:
             raise RuntimeError("rlhf_begin_weight_update called twice without rlhf_finish_weight_update")
         initialize_layerwise_reload(self.model_runner.get_model())
         self._rlhf_loaded: set[str] | None = set()
+        self._rlhf_keep_vision = keep_vision_tower
 
     def rlhf_load_weight_bucket(self, named_tensors: NamedTensors) -> int:
         """Load one bucket of (HF name, full tensor) pairs; returns how many tensors were given. In a LoRA
@@ -80,7 +82,8 @@ class WeightReloadExtension:
         runner.reset_encoder_cache()
         runner.reset_mm_cache()
         self._rlhf_loaded = None
-        check_every_parameter_loaded(runner.get_model(), loaded, "vLLM engine")
+        check_every_parameter_loaded(runner.get_model(), loaded, "vLLM engine",
+                                     keep_vision_tower=getattr(self, "_rlhf_keep_vision", False))
         return len(loaded)
 
     def rlhf_begin_lora_update(self) -> None:
@@ -128,11 +131,16 @@ class WeightReloadExtension:
         return loaded
 
 
-def check_every_parameter_loaded(model: torch.nn.Module, loaded: set[str], engine: str) -> None:
+def check_every_parameter_loaded(model: torch.nn.Module, loaded: set[str], engine: str,
+                                 keep_vision_tower: bool = False) -> None:
     """A sync must write every parameter of the engine's model (tied ones count once): a parameter the trainer's names
     do not reach keeps its old values and the engine samples from a different model than the one trained, silently.
+    `keep_vision_tower`: a frozen vision tower is not sent (rlhfkit.models.vision) and is not expected.
     Raises naming the parameters."""
-    expected = {name for name, _ in model.named_parameters()}
+    from rlhfkit.models.vision import is_vision_tower_param
+
+    expected = {name for name, _ in model.named_parameters()
+                if not (keep_vision_tower and is_vision_tower_param(name))}
     missing = sorted(expected - loaded)
     if missing:
         shown = ", ".join(missing[:6]) + (f", ... ({len(missing) - 6} more)" if len(missing) > 6 else "")

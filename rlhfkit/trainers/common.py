@@ -85,7 +85,7 @@ def run_offline_command(
             torch.use_deterministic_algorithms(True)
         apply_precision(cfg, dist_info.device.type)
         prepare_run_dir(cfg, dist_info.is_main, dist_info.world_size)
-        tokenizer = load_tokenizer(cfg.pretrain)
+        tokenizer = load_tokenizer(cfg.pretrain, use_fast=not cfg.disable_fast_tokenizer)
         if cfg.tokenizer_chat_template:
             tokenizer.chat_template = cfg.tokenizer_chat_template
         train_rows = load_split(cfg, cfg.dataset, cfg.dataset_split, cfg.dataset_probs, cfg.max_samples)

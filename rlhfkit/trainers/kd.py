@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig
 
@@ -22,6 +23,7 @@ from rlhfkit.data.collate import model_inputs
 from rlhfkit.data.sft import build_sft_samples
 from rlhfkit.engine.distributed import DistInfo
 from rlhfkit.errors import ConfigError
+from rlhfkit.models.context_parallel import RingGroup, local_slice, ring_group, shard_forward_kwargs, sum_over_ring
 from rlhfkit.models.loading import resolve_pretrain
 from rlhfkit.trainers.loop import OfflineMethod
 from rlhfkit.trainers.sequence_logps import load_frozen_causal_lm, model_device, to_device
@@ -34,16 +36,33 @@ def response_logits(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
     return logits[batch["loss_mask"][:, 1:].bool()]
 
 
+def ring_response_logits(model: nn.Module, batch: dict[str, Any], ring: RingGroup) -> tuple[torch.Tensor, ...]:
+    """--ring_attn_size: this rank's chunk forward; (logits [n, V], labels [n]) of the targets its chunk predicts."""
+    targets = local_slice(F.pad(batch["loss_mask"][:, 1:], (0, 1)), ring).bool()  # position t predicts t + 1
+    labels = local_slice(F.pad(batch["input_ids"][:, 1:], (0, 1)), ring)[targets]
+    return model(**shard_forward_kwargs(model_inputs(batch), ring)).logits[targets], labels
+
+
 def kd_batch_loss(model: nn.Module, teacher: nn.Module, batch: dict[str, Any], *, kd_coef: float,
                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Sum over the micro-batch's target tokens of the mixed loss, and the NLL / KL sums."""
+    """Sum over the micro-batch's target tokens of the mixed loss, and the NLL / KL sums. With --ring_attn_size each
+    rank sums the targets of its chunk and the sums are added over the ring group, so every rank holds the whole
+    micro-batch's sums (the loss convention of rlhfkit.models.context_parallel)."""
     batch = to_device(batch, model_device(model))
-    student = response_logits(model, batch)
-    with torch.no_grad():
-        teacher_logits = response_logits(teacher, batch)
-    labels = batch["input_ids"][:, 1:][batch["loss_mask"][:, 1:].bool()]
+    ring = ring_group()
+    if ring is not None:
+        student, labels = ring_response_logits(model, batch, ring)
+        with torch.no_grad():
+            teacher_logits = ring_response_logits(teacher, batch, ring)[0]
+    else:
+        student = response_logits(model, batch)
+        with torch.no_grad():
+            teacher_logits = response_logits(teacher, batch)
+        labels = batch["input_ids"][:, 1:][batch["loss_mask"][:, 1:].bool()]
     nll = masked_lm_loss(student[None], labels[None], shift=False, num_tokens=1.0)
     kl = distillation_loss(student[None], teacher_logits[None], None, num_tokens=1.0)
+    if ring is not None:
+        nll, kl = sum_over_ring(nll, ring), sum_over_ring(kl, ring)
     loss = (1.0 - kd_coef) * nll + kd_coef * kl
     return loss, {"nll": nll.detach(), "kd_kl": kl.detach()}
 

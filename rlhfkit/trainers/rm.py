@@ -28,6 +28,7 @@ from rlhfkit.data.errors import row_error
 from rlhfkit.data.formatting import get_field
 from rlhfkit.engine.distributed import DistInfo, barrier
 from rlhfkit.engine.train_engine import TrainEngine
+from rlhfkit.errors import ConfigError
 from rlhfkit.models.loading import head_values, load_scalar_model, scalar_outputs
 from rlhfkit.models.lora import apply_lora
 from rlhfkit.trainers.loop import OfflineMethod
@@ -97,6 +98,13 @@ def rm_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
                          weight=lambda s: 1.0,
                          loss=lambda model, batch: rm_batch_loss(model, batch, loss_type=cfg.loss),
                          tokens=lambda s: len(s["chosen_ids"]) + len(s["rejected_ids"]))
+
+
+def validate_rm(cfg: Any) -> None:
+    """Refuse what rm cannot do: a pairwise loss outside float32 (`pair_rewards` casts the head's values)."""
+    if not cfg.compute_fp32_loss:
+        raise ConfigError("--no-compute_fp32_loss: rlhfkit computes the reward-model loss in float32 always (the "
+                          "head's values are cast before the pairwise loss); drop the flag")
 
 
 def load_reward_model(cfg: Any, dist_info: DistInfo) -> nn.Module:

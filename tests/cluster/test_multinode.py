@@ -102,12 +102,32 @@ def test_roles_spread_over_three_nodes_match_one_node(three_node_cluster, tiny_m
     # the engines agree with the trainer after it
     assert len(set(engines)) == 2 and any(e != actor[0] for e in engines)
     assert [r["step"] for r in multi] == [1, 2] and all(r["sync/logprob_diff"] <= 1e-3 for r in multi)
+    # --vllm_num_engines 2: the prompts of each step split between the engines (4 a step: one contiguous half each);
+    # the run joined by --ray_address with --pretrain the tiny model and no --verbose: a quiet console
+    assert [e["prompts_generated"] for e in manifest["placement"] if "engine" in e] == [4, 4]
+    assert_joined_with_a_quiet_console(tmp_path / "multi")
 
     assert len({e["node_id"] for e in one_manifest["placement"]}) == 1
     assert [r["step"] for r in one] == [1, 2]
     for m, o in zip(multi, one):
         for key in COMPARED:
             assert m[key] == pytest.approx(o[key], rel=TOLERANCE, abs=TOLERANCE), (m["step"], key, m[key], o[key])
+
+
+def assert_joined_with_a_quiet_console(out: Path) -> None:
+    """A run that joined a cluster by --ray_address did not start its own Ray, and its console (no --verbose) holds
+    the table, the progress bar and rlhfkit's own lines; vLLM's and the workers' logs are in the run folder, one file
+    per model rank and engine."""
+    stdout, stderr = (out / "stdout.txt").read_text(), (out / "stderr.txt").read_text()
+    assert "Started a local Ray instance" not in stderr
+    console = (stdout + stderr).splitlines()
+    table = [line for line in console if line[:1] in "┌│├└" or line.strip() == "rlhfkit ppo"]
+    rest = [line for line in console if line not in table and line.strip() and not line.startswith("ppo:")]
+    assert len(table) > 15 and len(rest) <= 12, "\n".join(rest)
+    assert not any("VLLMEngine" in line or "ModelWorker" in line or "vllm" in line.lower() for line in rest), rest
+    logs = out / "run" / "logs"
+    assert "Initializing a V1 LLM engine" in (logs / "engine0.log").read_text()
+    assert (logs / "actor_rank0.log").exists()
 
 
 def test_ray_job_submit_runs_ppo_on_the_cluster(three_node_cluster, tiny_model_dir, echo_prompt_file, tmp_path):

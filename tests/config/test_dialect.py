@@ -131,8 +131,6 @@ def test_nested_and_dotted_yaml_equal_flat_yaml(tmp_path):
 @pytest.mark.parametrize(("command", "argv", "message"), [
     ("sft", ["--ds.zpg", "2"], "--ds.zpg (rlhfkit's --zpg) is not supported: ZeRO++ partition groups are "
                                  "DeepSpeed-only"),
-    ("ppo", ["--ds.ring_attn_size", "2"], "--ds.ring_attn_size is not supported by 'rlhfkit ppo' (2 given): ring "
-                                          "attention is implemented for sft, rm, dpo and kto"),
     ("sft", ["--ds.enable_sleep"], "--ds.enable_sleep (rlhfkit's --deepspeed_enable_sleep) is not supported: only "
                                    "ppo has phases"),
     ("ppo", ["--train.partial_rollout_enable"], "--train.partial_rollout_enable is not supported: partial rollouts"),
@@ -164,16 +162,13 @@ def test_a_negative_switch_and_a_prefix_of_a_dotted_flag():
 
 
 def test_serve_rm_and_lora_merge_take_the_dotted_names(tmp_path):
-    from rlhfkit.cli import lora_merge
-    from rlhfkit.rewards.server import REJECTED, build_parser
+    from rlhfkit.cli import lora_merge, serve_rm
 
-    parser = build_parser()
-    argv = dialect.rewrite_argv("serve-rm", ["--reward.model_name_or_path", "rm", "--reward.normalize_enable",
-                                             "--data.max_len", "32", "--ds.param_dtype", "bf16"], parser, REJECTED.get)
-    args = parser.parse_args(argv)
+    args = parse_config("serve-rm", serve_rm.GROUPS, ["--reward.model_name_or_path", "rm", "--reward.normalize_enable",
+                                                      "--data.max_len", "32", "--ds.param_dtype", "bf16"])
     assert (args.reward_pretrain, args.normalize_reward, args.max_len, args.param_dtype) == ("rm", True, 32, "bf16")
     with pytest.raises(ConfigError, match="--ds.load_in_4bit .* 4-bit loading is not supported"):
-        dialect.rewrite_argv("serve-rm", ["--ds.load_in_4bit"], parser, REJECTED.get)
+        parse_config("serve-rm", serve_rm.GROUPS, ["--ds.load_in_4bit"])
     with pytest.raises(ConfigError, match="--is_rm is not supported: not needed"):
         lora_merge.main(["--model_path", "m", "--lora_path", "l", "--output_path", str(tmp_path), "--is_rm"])
 
@@ -215,9 +210,7 @@ def refused_flags(command: str, argv: list[str]) -> set[str]:
 @pytest.mark.parametrize(("name", "refused", "owner"), [
     ("train_vlm_math_hybrid_engine.sh", {"--data.image_key", "--data.max_images_per_prompt",
                                          "--actor.freeze_visual_encoder"}, "vision-language RL: #18"),
-    ("train_reinforce_baseline_ray_agent_async.sh", {"--train.partial_rollout_enable", "--ds.ring_attn_size",
-                                                     "--ds.ring_attn_head_stride"},
-     "partial rollouts: #18; ring attention in ppo: #15"),
+    ("train_reinforce_baseline_ray_agent_async.sh", {"--train.partial_rollout_enable"}, "partial rollouts: #18"),
 ])
 def test_the_scripts_that_cannot_port_yet_are_stopped_only_by_their_missing_feature(name, refused, owner):
     """OpenRLHF 0.11's VLM and async-agent scripts use features rlhfkit does not have yet ({owner}): each such flag is

@@ -134,3 +134,14 @@ def test_a_lora_actor_saves_the_average_of_its_adapters(tiny_model_dir, tokenize
         expected = 0.5 * start[name].double() + 0.5 * live[name].detach().double()
         torch.testing.assert_close(value.double(), expected, rtol=1e-6, atol=1e-8)
     assert any(not torch.equal(saved[k], live[k.replace(".weight", ".default.weight")].detach()) for k in saved)
+
+
+def test_the_worker_takes_the_resolved_decay():
+    """--enable_ema alone decays with OpenRLHF's 0.992, --ema_beta overrides it, no EMA without --enable_ema."""
+    from types import SimpleNamespace
+
+    from rlhfkit.engine.ema import resolved_ema_beta
+
+    assert resolved_ema_beta(SimpleNamespace(enable_ema=True, ema_beta=None)) == 0.992
+    assert resolved_ema_beta(SimpleNamespace(enable_ema=True, ema_beta=0.5)) == 0.5
+    assert resolved_ema_beta(SimpleNamespace(enable_ema=False, ema_beta=None)) is None

@@ -1,9 +1,9 @@
 """One rank of the 2-process gloo check in test_context_parallel.py (run as a script, not collected by pytest).
 
 argv: rank world_size store_file model_dir output_file. Each rank computes, for padded and packed batches, the SFT
-loss and the reward-model head values with --ring_attn_size 2 (each rank one half of the sequence), their gradients
-summed over the ranks, and (rank 0) the same with an unsharded forward of the same weights; results go to
-output_file with torch.save.
+loss, the reward-model head values and the KD loss with --ring_attn_size 2 (each rank one half of the sequence),
+their gradients summed over the ranks, and (rank 0) the same with an unsharded forward of the same weights; results go
+to output_file with torch.save.
 """
 
 import sys
@@ -16,6 +16,9 @@ from rlhfkit.data.collate import collate_packed, collate_padded, model_inputs
 from rlhfkit.models import context_parallel as cp
 from rlhfkit.models.loading import head_values, load_causal_lm
 from rlhfkit.trainers.common import target_log_probs
+from rlhfkit.trainers.kd import kd_batch_loss
+
+TEACHER: dict = {}  # the KD teacher (a second random model of the student's architecture)
 
 
 def samples() -> list[dict]:
@@ -36,6 +39,11 @@ def batches() -> dict[str, dict]:
 def sft_loss(model, batch) -> torch.Tensor:
     log_probs, mask = target_log_probs(model, batch)
     return -(log_probs * mask).sum() / mask.sum()
+
+
+def kd_loss(model, batch) -> torch.Tensor:
+    """`rlhfkit kd`'s mixed loss (NLL and KL to the teacher, kd_coef 0.5) per target token."""
+    return kd_batch_loss(model, TEACHER["model"], batch, kd_coef=0.5)[0] / batch["loss_mask"][:, 1:].sum()
 
 
 def value_loss(model, batch) -> torch.Tensor:
@@ -69,8 +77,9 @@ def models(model_dir: str) -> dict:
     gqa.vocab_size = 128
     rm = AutoConfig.from_pretrained(model_dir)
     rm.num_labels, rm.vocab_size = 1, 128
+    TEACHER["model"] = LlamaForCausalLM(AutoConfig.from_pretrained(model_dir))
     return {"lm": load_causal_lm(model_dir), "gqa": LlamaForCausalLM(gqa),
-            "rm": LlamaForSequenceClassification(rm)}
+            "rm": LlamaForSequenceClassification(rm), "kd": load_causal_lm(model_dir)}
 
 
 def main() -> None:
@@ -78,17 +87,21 @@ def main() -> None:
     rank, world = int(rank), int(world)
     dist.init_process_group("gloo", store=dist.FileStore(store_file, world), rank=rank, world_size=world)
     nets = models(model_dir)
-    cases = [("lm", sft_loss, 1), ("lm", sft_loss, 2), ("gqa", sft_loss, 1), ("rm", value_loss, 1)]
-    results: dict = {"reference": {}, "ring": {}}
+    cases = [("lm", sft_loss, 1), ("lm", sft_loss, 2), ("gqa", sft_loss, 1), ("rm", value_loss, 1),
+             ("kd", kd_loss, 1)]
+    results: dict = {"reference": {}, "ring": {}, "ring_attn_size": world}
     for name, loss_fn, _ in cases:
         for layout, batch in batches().items():
             results["reference"][(name, layout)] = run(nets[name], loss_fn, batch, 1)
     for name, loss_fn, stride in cases:
-        cp.setup_ring_attention(world, head_stride=stride)
-        cp.use_ring_attention(nets[name])
+        cp.setup_ring_attention(results["ring_attn_size"], head_stride=stride)
+        ringed = [nets[name]] + ([TEACHER["model"]] if name == "kd" else [])
+        for net in ringed:
+            cp.use_ring_attention(net)
         for layout, batch in batches().items():
             results["ring"][(name, layout, stride)] = run(nets[name], loss_fn, batch, world)
-        nets[name].set_attn_implementation("sdpa")
+        for net in ringed:
+            net.set_attn_implementation("sdpa")
         cp.teardown_ring_attention()
     try:  # a head stride that does not divide the key/value heads is refused, naming the flag
         cp.setup_ring_attention(world, head_stride=3)

@@ -1,6 +1,7 @@
 """Context parallel (--ring_attn_size, --ring_head_stride): two real gloo processes, each holding half of every
 sequence, give the loss and the gradients of the unsharded forward (fp32, atol 1e-5), for padded and packed batches,
-a causal LM (SFT log-probs), a grouped-query-attention variant and a reward model's per-token head values."""
+a causal LM (SFT log-probs), a grouped-query-attention variant, a reward model's per-token head values and the KD
+loss (student and teacher both split)."""
 
 import os
 import subprocess
@@ -34,8 +35,9 @@ def run_two_ranks(tmp_path: Path, model_dir: str) -> list[dict]:
 def test_ring_attention_over_two_ranks_equals_the_unsharded_forward(tmp_path, tiny_model_dir):
     ranks = run_two_ranks(tmp_path, tiny_model_dir)
     reference = ranks[0]["reference"]
-    assert set(ranks[0]["ring"]) == {(m, layout, s) for m, s in (("lm", 1), ("lm", 2), ("gqa", 1), ("rm", 1))
-                                     for layout in ("padded", "packed")}
+    assert ranks[0]["ring_attn_size"] == 2  # each sequence split over the two ranks (lm, gqa, rm, kd)
+    assert set(ranks[0]["ring"]) == {(m, layout, s) for m, s in (("lm", 1), ("lm", 2), ("gqa", 1), ("rm", 1),
+                                                                 ("kd", 1)) for layout in ("padded", "packed")}
     for (model, layout, stride), got in ranks[0]["ring"].items():
         want = reference[(model, layout)]
         for rank in ranks:  # both ranks of the ring hold the whole loss
@@ -85,7 +87,7 @@ def test_ring_size_must_divide_the_world_size(monkeypatch):
         setup_context_parallel(SimpleNamespace(ring_attn_size=2, ring_head_stride=1, aux_loss_coef=0.01))
 
 
-@pytest.mark.parametrize("command", ["ppo", "kd", "prm"])
+@pytest.mark.parametrize("command", ["prm"])
 def test_commands_without_context_parallel_refuse_the_ring_flags(command):
     import importlib
 

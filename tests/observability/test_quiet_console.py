@@ -1,6 +1,6 @@
 """Without --verbose the Ray actors' output (vLLM, transformers, torch: Python and C++ alike) goes to the run folder,
 one file per model rank and engine; with it, to Ray's log stream and the console. The end-to-end check of a quiet
-`rlhfkit ppo` console is tests/rl/test_ppo_options.py::test_joins_a_running_cluster_by_address."""
+`rlhfkit ppo` console is tests/cluster/test_multinode.py::test_roles_spread_over_three_nodes_match_one_node."""
 
 from __future__ import annotations
 

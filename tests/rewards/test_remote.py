@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -16,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlhfkit.errors import RemoteRewardError
+from rlhfkit.errors import ConfigError, RemoteRewardError
 from rlhfkit.rewards.remote import RemoteRewardClient, shard_bounds
 from rlhfkit.rewards.reward_func import RewardFuncSource
 from rlhfkit.rewards.server import RewardServer, build_server
@@ -95,15 +96,21 @@ def last_token_scores(model_dir: str, queries: list[str]) -> torch.Tensor:
 
 
 def test_serve_rm_cli_rejects_bad_flags(tmp_path, capsys):
+    from rlhfkit.cli.main import main
+
     for argv, message in [
         (["--port", "0"], "give --reward_pretrain (a reward model) and/or --remote_rm_url (a reward_func file)"),
         (["--remote_rm_url", "builtin:math", "--load_in_4bit", "--port", "0"],
-         "--load_in_4bit: 4-bit loading is not supported; serve the model in bf16/fp16/fp32"),
+         "--load_in_4bit is not supported by 'rlhfkit serve-rm': 4-bit loading is not supported; serve the model "
+         "in bf16/fp16/fp32"),
     ]:
-        with pytest.raises(SystemExit) as info:
+        with pytest.raises(ConfigError, match=re.escape(message)):
             build_server(argv)
+        with pytest.raises(SystemExit) as info:  # the command line: the same message, exit status 2
+            main(["serve-rm", *argv])
         assert info.value.code == 2
-        assert f"rlhfkit serve-rm: error: {message}" in capsys.readouterr().err  # the flag and the fix
+        err = capsys.readouterr().err
+        assert err.startswith("rlhfkit serve-rm: error: ") and message in err  # the flag and the fix
 
 
 def test_bearer_token_required():

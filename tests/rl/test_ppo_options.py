@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -44,28 +40,3 @@ def test_zero_policy_scores_failing_samples_zero_and_counts_them(tiny_model_dir,
                reward_error_policy="zero")
     red = sum("red" in r["input"] for r in echo_rows(48, seed=3)[:8])
     assert rows[0]["rollout/reward_failed"] == red * 8
-
-
-def test_joins_a_running_cluster_by_address(tiny_model_dir, echo_prompt_file, ray_cluster, tmp_path):
-    address = ray_cluster.get_runtime_context().gcs_address
-    cmd = [sys.executable, "-m", "rlhfkit.cli.ppo", "--ray_address", address, "--pretrain", tiny_model_dir,
-           "--prompt_data", echo_prompt_file, "--input_key", "input", "--apply_chat_template", "--max_samples", "4",
-           "--remote_rm_url", str(HERE / "letters_reward.py"), "--advantage_estimator", "group_norm",
-           "--n_samples_per_prompt", "4", "--rollout_batch_size", "4", "--train_batch_size", "16",
-           "--generate_max_len", "4", "--prompt_max_len", "128", "--init_kl_coef", "0", "--vllm_kv_cache_mb", "16",
-           "--enforce_eager", "--run_dir", str(tmp_path / "run"), "--save_path", str(tmp_path / "hf")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Started a local Ray instance" not in done.stderr
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert rows[0]["step"] == 1 and rows[0]["train/grad_norm"] > 0
-    # A quiet console (no --verbose): the table, the bar and rlhfkit's own lines; vLLM's and the workers' logs are
-    # in the run folder, one file per model rank and engine.
-    console = (done.stdout + done.stderr).splitlines()
-    table = [line for line in console if line[:1] in "┌│├└" or line.strip() == "rlhfkit ppo"]
-    rest = [line for line in console if line not in table and line.strip()]
-    assert len(table) > 15 and len(rest) <= 12, "\n".join(rest)
-    assert not any("VLLMEngine" in line or "ModelWorker" in line or "vllm" in line.lower() for line in rest), rest
-    logs = tmp_path / "run" / "logs"
-    assert "Initializing a V1 LLM engine" in (logs / "engine0.log").read_text()
-    assert (logs / "actor_rank0.log").exists()

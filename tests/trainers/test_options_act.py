@@ -274,6 +274,23 @@ def test_shared_flags_ppo_does_not_act_on_are_refused(tmp_path):
     assert (cfg.learning_rate, cfg.logging_steps, cfg.full_determinism) == (1e-5, 5, True)
 
 
+def test_pair_commands_refuse_row_keys_and_a_loss_outside_float32():
+    """rm and dpo read --prompt_key/--chosen_key/--rejected_key, never --input_key/--output_key: refused (they were
+    accepted and ignored); rm's loss is float32 always: --compute_fp32_loss is the default, its negation refused."""
+    from rlhfkit.cli import dpo, rm
+    from rlhfkit.config.parse import parse_config
+
+    for command, module in (("rm", rm), ("dpo", dpo)):
+        for flag in ("input_key", "output_key"):
+            with pytest.raises(ConfigError, match=f"--{flag} is not supported by 'rlhfkit {command}': {command} "
+                                                  "reads chosen/rejected pairs.*--prompt_key, --chosen_key"):
+                parse_config(command, module.GROUPS, [f"--{flag}", "question"])
+    assert parse_config("rm", rm.GROUPS, []).compute_fp32_loss is True
+    assert parse_config("rm", rm.GROUPS, ["--compute_fp32_loss"]).compute_fp32_loss is True  # OpenRLHF's switch
+    with pytest.raises(ConfigError, match="--no-compute_fp32_loss: rlhfkit computes the reward-model loss in float32"):
+        rm.main(["--pretrain", "m", "--dataset", "d", "--no-compute_fp32_loss"])
+
+
 def test_deepspeed_flags_are_refused_with_their_reason(tmp_path):
     from rlhfkit.cli.sft import GROUPS
     from rlhfkit.config.parse import REJECTED_FLAGS, parse_config, rejection_reason

@@ -1,0 +1,90 @@
+"""One rank of the gloo check in test_ring_ppo.py (a script, not collected by pytest).
+
+argv: rank world_size master_port model_dir reward_model_dir output_file flags_json (the ring flags: none for the
+unsharded reference; --ring_attn_size 2 for each sequence split over the two ranks). The rank builds ppo's real actor,
+reference and critic workers (`rlhfkit.rl.worker.ModelWorker`, as the Ray actors do) and, for a padded and a packed
+layout of the same micro-batches, records the actor's and reference's log-probs, the critic's values, and one policy
+and one value step: their metrics and the full parameter gradients the optimizer sees; and the fresh value head of a
+critic started from the causal LM. Output with torch.save.
+"""
+
+import json
+import sys
+
+import torch
+
+from rlhfkit.cli.ppo import GROUPS
+from rlhfkit.config.parse import config_to_dict, flags_to_argv, parse_config
+from rlhfkit.rl.experience import build_experience
+from rlhfkit.rl.worker import ModelWorker
+
+# shared prompts (packed: computed once), an empty response, uneven lengths: 32 packed tokens, odd padded widths
+PROMPTS = [[5, 6, 7, 8, 9], [5, 6, 7, 8, 9], [5, 6, 7, 8, 9], [11, 12], [11, 12], [13, 14, 15]]
+RESPONSES = [[20, 21, 22], [23], [24, 25, 26, 27, 28], [29, 30], [], [31, 32, 33, 34]]
+
+
+def batch() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    exp = build_experience(PROMPTS, RESPONSES, [[-1.0] * len(r) for r in RESPONSES], [0, 0, 0, 1, 1, 2], 0)
+    mask = exp.action_mask.float()
+    exp.advantages = torch.randn(mask.shape, generator=g) * mask
+    exp.values = torch.randn(mask.shape, generator=g) * 0.1 * mask
+    exp.returns = torch.randn(mask.shape, generator=g) * mask
+    return exp.tensors()
+
+
+def capture_gradients(worker: ModelWorker, into: dict) -> None:
+    """Record the full (gathered) gradients just before each optimizer step."""
+    engine = worker.engine
+    original = engine.optimizer_step
+
+    def step(report=None):
+        for name, p in engine.model.named_parameters():
+            g = p.grad
+            into[name] = (g.full_tensor() if hasattr(g, "full_tensor") else g).detach().clone()
+        return original(report)
+
+    engine.optimizer_step = step
+
+
+def main() -> None:
+    rank, world, port, model_dir, reward_dir, output_file, ring_flags = sys.argv[1:8]
+    rank, world = int(rank), int(world)
+    flags = {"pretrain": model_dir, "prompt_data": "p", "remote_rm_url": "builtin:format", "advantage_estimator": "gae",
+             "actor_learning_rate": 1e-3, "critic_learning_rate": 1e-3, "micro_train_batch_size": 3,
+             "micro_rollout_batch_size": 4, "temperature": 0.7, "init_kl_coef": 0.1, "use_kl_loss": True,
+             "kl_estimator": "k3", "seed": 1, **json.loads(ring_flags)}
+    cfg = {**config_to_dict(parse_config("ppo", GROUPS, flags_to_argv(flags))), "torch_threads_per_worker": 1}
+    workers = {role: ModelWorker(role, cfg, rank, world, "127.0.0.1", int(port)) for role in ("actor", "ref", "critic")}
+    workers["actor"].init_model(model_dir, True, 10, 0.0)  # lr 0: both layouts see the same weights
+    workers["ref"].init_model(model_dir, False)
+    workers["critic"].init_model(reward_dir, True, 10, 0.0, True)
+    fresh = ModelWorker("critic", cfg, rank, world, "127.0.0.1", int(port))  # a critic started from the causal LM
+    fresh.init_model(model_dir, False, scalar_head=True)
+    head = fresh.model.score.weight
+    grads: dict[str, dict] = {"actor": {}, "critic": {}}
+    capture_gradients(workers["actor"], grads["actor"])
+    capture_gradients(workers["critic"], grads["critic"])
+    out: dict = {"ring": [w.ring.size if w.ring else 1 for w in workers.values()],
+                 "fresh_head": (head.full_tensor() if hasattr(head, "full_tensor") else head).detach().clone()}
+    for layout in ("padded", "packed"):
+        for w in workers.values():
+            w.cfg.packing_samples = layout == "packed"
+        data = batch()
+        data["ref_log_probs"] = workers["ref"].log_probs(data)
+        result = {"log_probs": workers["actor"].log_probs(data), "ref_log_probs": data["ref_log_probs"],
+                  "values": workers["critic"].values(data), "action_mask": data["action_mask"]}
+        tokens = float(data["action_mask"].sum())
+        result["policy"] = workers["actor"].train_policy_step(data, tokens)
+        result["actor_grads"] = dict(grads["actor"])
+        result["critic"] = workers["critic"].train_critic_step(data, tokens)
+        result["critic_grads"] = dict(grads["critic"])
+        result["probe"] = workers["actor"].probe_log_probs(PROMPTS[0], RESPONSES[2])
+        out[layout] = result
+    torch.save(out, output_file)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
