@@ -70,6 +70,7 @@ _BEST = "tests/trainers/test_best_checkpoint.py::"
 _EMA = "tests/engine/test_ema.py::"
 _RING = "tests/models/test_context_parallel.py::"
 _RING_E2E = "tests/e2e/test_ring_attention.py::"
+_TP = "tests/models/test_tensor_parallel.py::"
 _RING_PPO = "tests/rl/test_ring_ppo.py::"
 
 _CUDA_ONLY = ("FSDP2's CPUOffloadPolicy is applied on CUDA only; on a CPU machine parameters, gradients and optimizer "
@@ -225,6 +226,20 @@ EFFECTS: dict[str, Effect] = {
     **{f"prm:{flag}": _t("refused with the reason (context parallel covers sft, rm, dpo, kto, kd and ppo)",
                          _RING + "test_commands_without_context_parallel_refuse_the_ring_flags")
        for flag in ("ring_attn_size", "ring_head_stride")},
+    # ---- tensor parallel (rlhfkit.models.tensor_parallel; docs/parallelism.md)
+    "ds_tensor_parallel_size": _t("attention/MLP weights and the vocabulary split over N ranks on a (dp, tp) mesh: "
+                                  "loss, gradients, clipped norm and weights after one AdamW step of 4 gloo ranks "
+                                  "(dp 2 x tp 2) equal the unsharded step (Llama, Qwen2 GQA, RM); sft on 2 ranks "
+                                  "reproduces the 1-rank losses and saved weights; heads/world not divisible, other "
+                                  "families, ring attention and LoRA are refused",
+                                  _TP + "test_tp_2_by_dp_2_equals_the_unsharded_step",
+                                  _TP + "test_tp_size_must_divide_heads_world_and_fit_the_family",
+                                  _TP + "test_tp_flag_names_on_the_training_commands",
+                                  _TP + "test_tp_with_ring_attention_or_lora_is_refused",
+                                  "tests/e2e/test_tensor_parallel.py::test_sft_tp_size_2_reproduces_one_rank"),
+    **{f"{command}:ds_tensor_parallel_size": _t("refused with the reason (tensor parallel covers sft, rm, dpo, kto)",
+                                                _TP + "test_commands_without_tensor_parallel_refuse_the_flags")
+       for command in ("ppo", "kd", "prm")},
     "ppo:eval_steps": _t("evaluate every N steps", _OLD_LP + "test_reused_old_log_probs_give_the_same_run"),
     # ---- checkpoints
     "save_path": _t("where the final HF folder is written", _SHORT_RUN),

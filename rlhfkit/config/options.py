@@ -97,6 +97,11 @@ class TrainOptions:
     ring_head_stride: int = opt(1, "with --ring_attn_size > 1: key/value heads gathered and attended per step "
                                    "(must divide the model's KV heads); same result, trades message count for "
                                    "buffer size")
+    ds_tensor_parallel_size: int = opt(1, "tensor parallel training (alias --tp_size): split every attention and "
+                                          "MLP weight of the Llama/Qwen family over this many ranks (DTensor, "
+                                          "world = data parallel x N, FSDP2 on the data-parallel dimension; must "
+                                          "divide the attention and key/value heads); sft, rm, dpo, kto "
+                                          "(docs/parallelism.md)", aliases=["--tp_size"])
 
 
 @dataclass

@@ -28,7 +28,6 @@ REJECTED_FLAGS: dict[str, str] = {
     "local_rank": "torchrun and Ray set LOCAL_RANK in the environment; drop the flag",
     "deepcompile": "DeepSpeed's compiler is not used; drop the flag",
     "disable_ds_ckpt": "there is no DeepSpeed checkpoint; use --save_steps -1 to skip full-state checkpoints",
-    "ds_tensor_parallel_size": "DeepSpeed tensor parallelism is not supported; use data parallelism (FSDP2)",
     "use_ms": "ModelScope downloads are not supported; pass a local folder or a hub name",
     "use_liger_kernel": "Liger kernels are not integrated; drop the flag",
     "grad_accum_dtype": "gradients accumulate in the parameter dtype (fp32 master weights); drop the flag",
@@ -61,6 +60,13 @@ def rejection_reason(name: str, command: str = "") -> str | None:
     return COMMAND_REJECTED_FLAGS.get(command, {}).get(name)
 
 _RING_FLAGS = ("ring_attn_size", "ring_head_stride")
+_TP_FLAGS = ("ds_tensor_parallel_size", "tp_size")
+_NO_TP = ("tensor parallel training is implemented for sft, rm, dpo and kto, not for {command}: {why}; drop the flag "
+          "(data parallelism with FSDP2 shards the weights over the ranks)")
+_NO_TP_WHY = {"ppo": "the actor, critic and reference Ray workers build no tensor-parallel mesh and the weight sync "
+                     "to vLLM expects whole tensors",
+              "kd": "the teacher is a second model not checked against the tensor-parallel plan",
+              "prm": "the process reward path has not been verified under tensor parallelism"}
 _NO_RING_WHY = {"prm": "the step placeholders"}
 _NO_RING = ("context parallel (ring attention) is implemented for sft, rm, dpo, kto, kd and ppo, not for {command}: "
             "{why}; drop the flag and fit each sequence on one rank (e.g. with --gradient_checkpointing)")
@@ -84,6 +90,11 @@ COMMAND_REJECTED_FLAGS: dict[str, dict[str, str]] = {
                     for flag in _RING_FLAGS}}
        for command, what in _NO_RING_WHY.items()},
 }
+for _command, _why in _NO_TP_WHY.items():
+    COMMAND_REJECTED_FLAGS.setdefault(_command, {}).update(
+        {flag: _NO_TP.format(command=_command, why=_why) for flag in _TP_FLAGS})
+COMMAND_REJECTED_FLAGS["batch-inference"]["ds_tensor_parallel_size"] = (
+    "batch-inference trains nothing; the tensor parallelism of its vLLM engines is --tp_size")
 COMMAND_REJECTED_FLAGS["serve-rm"] = {
     "load_in_4bit": "4-bit loading is not supported; serve the model in bf16/fp16/fp32",
     "packing_samples": "serve-rm scores padded micro-batches; drop the flag",
@@ -148,7 +159,7 @@ def _add_field(arg_group: Any, f: dataclasses.Field, tp: Any) -> None:
         kwargs["nargs"] = nargs
     if "choices" in f.metadata:
         kwargs["choices"] = f.metadata["choices"]
-    arg_group.add_argument(flag, **kwargs)
+    arg_group.add_argument(flag, *f.metadata.get("aliases", ()), **kwargs)
 
 
 def make_config_class(command: str, groups: list[type]) -> type:
@@ -172,12 +183,14 @@ def _load_yaml(path: str, parser: argparse.ArgumentParser, command: str = "") ->
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected a mapping of flag: value, got {type(data).__name__}")
     known = {a.dest for a in parser._actions}
+    aliases = {o[2:]: a.dest for a in parser._actions for o in a.option_strings if o.startswith("--")}
     out = {}
     data = dialect.rewrite_mapping(command, data, parser, lambda name: rejection_reason(name, command),
                                    f"--config {path}")  # OpenRLHF's names (nested or dotted) -> rlhfkit's
     for key, value in data.items():
         name = str(key).lstrip("-").replace("-", "_")
         _reject_if_deepspeed(name, source=f"--config {path}", command=command)
+        name = aliases.get(name, name)  # --tp_size -> ds_tensor_parallel_size
         if name not in known:
             raise ConfigError(f"--config {path}: unknown key '{key}'; run with --help for the flags it takes.")
         out[name] = value

@@ -3,6 +3,8 @@
 --zero_stage 3 -> reshard_after_forward=True (params re-gathered in backward, least memory, ZeRO-3).
 --zero_stage 2 -> reshard_after_forward=False (gathered params kept from forward to backward, ZeRO-2-like).
 --adam_offload -> CPUOffloadPolicy (CUDA only). bf16 -> MixedPrecisionPolicy(param bf16, reduce fp32).
+--ds_tensor_parallel_size N -> the tensor-parallel plan on the "tp" dimension of the ("dp", "tp") mesh first
+(rlhfkit.models.tensor_parallel), then fully_shard on the "dp" dimension (a 2-D mesh: FSDP2 x TP).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from rlhfkit.engine.precision import TORCH_DTYPES, auto_torch_dtype
+from rlhfkit.models.tensor_parallel import parallelize, tp_group
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -52,6 +55,11 @@ def shard_model(model: nn.Module, *, zero_stage: int, device: torch.device, para
             raise ConfigError(f"--load_in_4bit trains on one rank only ({world} here): FSDP2 cannot shard "
                               "bitsandbytes 4-bit weights; run one process, or drop --load_in_4bit")
         return model  # bitsandbytes placed it; the 4-bit layers compute in the dtype they were loaded with
+    tp = tp_group()
+    if tp is not None:  # --ds_tensor_parallel_size: split over the "tp" mesh dimension, FSDP2 over "dp"
+        model.to(device)
+        parallelize(model, tp)
+        world //= tp.size
     if world == 1 and dtype == torch.float32 and not cpu_offload:
         return model.to(device)
     kwargs: dict = {"reshard_after_forward": zero_stage == 3}
@@ -61,6 +69,8 @@ def shard_model(model: nn.Module, *, zero_stage: int, device: torch.device, para
         kwargs["offload_policy"] = CPUOffloadPolicy()
     if not (cpu_offload and device.type == "cuda"):
         model.to(device)
+    if tp is not None:
+        kwargs["mesh"] = tp.dp_mesh
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)

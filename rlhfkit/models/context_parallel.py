@@ -96,8 +96,11 @@ def teardown_ring_attention() -> None:
 
 
 def data_parallel_coords(rank: int, world: int) -> tuple[int, int]:
-    """(data-parallel rank, data-parallel world size): ranks of one ring group share a data-parallel rank."""
-    size = _RING.size if _RING is not None else 1
+    """(data-parallel rank, data-parallel world size): ranks of one ring group, or of one tensor-parallel group
+    (rlhfkit.models.tensor_parallel), share a data-parallel rank."""
+    from rlhfkit.models.tensor_parallel import tp_size
+
+    size = (_RING.size if _RING is not None else 1) * tp_size()
     return rank // size, world // size
 
 

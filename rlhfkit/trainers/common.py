@@ -29,6 +29,7 @@ from rlhfkit.models.context_parallel import (
 )
 from rlhfkit.models.loading import load_tokenizer
 from rlhfkit.models.logprobs import log_probs_from_logits
+from rlhfkit.models.tensor_parallel import TP_FLAG, setup_tensor_parallel, teardown_tensor_parallel
 from rlhfkit.observability.report import write_report
 from rlhfkit.observability.run import prepare_run_dir
 from rlhfkit.observability.summary import summarize_run, summary_lines
@@ -78,6 +79,7 @@ def run_offline_command(
     dist_info = init_distributed()
     try:
         setup_context_parallel(cfg)
+        setup_tp(cfg, dist_info)
         torch.manual_seed(cfg.seed)
         if cfg.full_determinism:
             torch.use_deterministic_algorithms(True)
@@ -106,6 +108,7 @@ def run_offline_command(
         return result
     finally:
         teardown_ring_attention()
+        teardown_tensor_parallel()
         shutdown_distributed()
 
 
@@ -120,3 +123,20 @@ def setup_context_parallel(cfg: Any) -> None:
     if ring is not None:
         log.info("context parallel: ring groups of %d ranks (all-gather attention, head stride %d)", ring.size,
                  ring.head_stride)
+
+
+def setup_tp(cfg: Any, dist_info: DistInfo) -> None:
+    """--ds_tensor_parallel_size (alias --tp_size): the ("dp", "tp") device mesh (rlhfkit.models.tensor_parallel);
+    refuses the flags that do not compose with it."""
+    size = getattr(cfg, "ds_tensor_parallel_size", 1)
+    if size > 1 and getattr(cfg, "ring_attn_size", 1) > 1:
+        raise ConfigError(f"{TP_FLAG} {size} with --ring_attn_size {cfg.ring_attn_size}: tensor and context "
+                          "parallelism do not compose yet (the ring attention gathers whole key/value heads); "
+                          "use one of the two")
+    if size > 1 and getattr(cfg, "lora_rank", 0) > 0:
+        raise ConfigError(f"{TP_FLAG} {size} with --lora_rank {cfg.lora_rank}: the LoRA adapters wrap the linear "
+                          "layers that the tensor-parallel plan splits, which is not implemented; drop one of the two")
+    group = setup_tensor_parallel(size, dist_info.device.type)
+    if group is not None:
+        log.info("tensor parallel: %d ranks per group, %d data-parallel groups", group.size,
+                 dist_info.world_size // group.size)

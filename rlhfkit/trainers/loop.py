@@ -30,6 +30,7 @@ from rlhfkit.engine.distributed import DistInfo, all_reduce_sum, barrier
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.context_parallel import data_parallel_coords
+from rlhfkit.models.tensor_parallel import tp_size
 from rlhfkit.observability.console import print_derived_table, progress_bar
 from rlhfkit.observability.metrics import MetricsLogger, merge_metrics
 from rlhfkit.observability.run import record_resume
@@ -153,9 +154,11 @@ def train_offline(cfg: Any, dist_info: DistInfo, engine: TrainEngine, tokenizer:
                   ) -> dict[str, Any]:
     """Run the whole training; returns the last train and eval metrics."""
     world = dist_info.world_size
-    # --ring_attn_size N: the N ranks of a ring group take the same micro-batches (each one chunk of every
-    # sequence) and compute the same loss; every sample then weighs N times in train_step's global weight, which
-    # cancels the N-fold gradient the replicated loss sends back (rlhfkit.models.context_parallel)
+    # --ring_attn_size N (or --ds_tensor_parallel_size N): the N ranks of a group take the same micro-batches (each
+    # one chunk of every sequence, or one slice of every weight) and compute the same loss; every sample then weighs
+    # N times in train_step's global weight, which cancels the N-fold gradient the replicated loss sends back through
+    # the ring's gather (rlhfkit.models.context_parallel), and with tensor parallelism FSDP2's averaging over the dp
+    # ranks only (rlhfkit.models.tensor_parallel)
     dp_rank, dp_world = data_parallel_coords(dist_info.rank, world)
     tokens_per_step = sum(method.tokens(s) for s in train_samples) / max(1, len(train_samples)) * cfg.train_batch_size
     if dist_info.is_main:
@@ -167,8 +170,8 @@ def train_offline(cfg: Any, dist_info: DistInfo, engine: TrainEngine, tokenizer:
             "precision": cfg.precision.summary() if hasattr(cfg, "precision") else cfg.param_dtype,
             "dropped per epoch (incomplete batch)": len(train_samples) - plan.steps_per_epoch * cfg.train_batch_size,
             **{f"data: {k}": v for k, v in (data_stats or {}).items()},
-            **({"ring size x data parallel": f"{world // dp_world} x {dp_world}"}
-               if dp_world < world else {}),
+            **({f"{'tensor parallel' if tp_size() > 1 else 'ring size'} x data parallel": f"{world // dp_world} x "
+                f"{dp_world}"} if dp_world < world else {}),
             "run dir": cfg.run_dir})
     global_step, start_epoch, start_in_epoch = 0, 0, 0
     best = tracker_for(cfg, "eval/loss", bool(eval_samples))  # --best_metric_key
