@@ -36,7 +36,7 @@ demo: $(STAMP)
 	$(VENV)/bin/rlhfkit demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
