@@ -61,12 +61,10 @@ def run(nproc: int, threads: int, flags: dict) -> dict:
             "peak_rss_mib_max_child": peak_kib / 1024}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--pretrain", default="embedded:smollm2-135m-instruct")
-    parser.add_argument("--tokens", type=int, default=2048)
-    parser.add_argument("--steps", type=int, default=4)
-    args = parser.parse_args()
+def one_rank_against_parallel(args: argparse.Namespace, label: str, nproc: int, parallel_flags: dict,
+                               result_name: str) -> None:
+    """Run `rlhfkit sft` on the long rows twice (1 rank x 2 threads, then `nproc` ranks x 1 thread with
+    `parallel_flags`), print both and write benchmarks/results/<result_name>.json."""
     path = resolve_pretrain(args.pretrain)
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "long.jsonl"
@@ -76,17 +74,26 @@ def main() -> None:
                  "max_len": args.tokens, "train_batch_size": 1, "micro_train_batch_size": 1, "max_epochs": 1,
                  "learning_rate": 1e-5, "lr_warmup_ratio": 0.0, "param_dtype": "fp32", "save_steps": -1}
         one = run(1, 2, {**flags, "run_dir": f"{tmp}/one", "save_path": f"{tmp}/hf1"})
-        ring = run(2, 1, {**flags, "ring_attn_size": 2, "run_dir": f"{tmp}/ring", "save_path": f"{tmp}/hf2"})
+        other = run(nproc, 1, {**flags, **parallel_flags, "run_dir": f"{tmp}/other", "save_path": f"{tmp}/hf2"})
     record = {"machine": machine_record("fp32"), "pretrain": args.pretrain, "tokens": args.tokens,
-              "one_rank": one, "ring_2": ring, "ratio": ring["median_step_seconds"] / one["median_step_seconds"]}
+              "one_rank": one, result_name: other,
+              "ratio": other["median_step_seconds"] / one["median_step_seconds"]}
     print(machine_line(record["machine"]))
-    for name, r in (("1 rank x 2 threads", one), ("ring 2 x 1 thread", ring)):
+    for name, r in (("1 rank x 2 threads", one), (f"{label} x 1 thread", other)):
         print(f"{name:20s} median step {r['median_step_seconds']:.2f} s  first loss {r['first_loss']:.5f}  "
               f"steps {[round(s, 2) for s in r['step_seconds']]}  peak RSS (largest process) "
               f"{r['peak_rss_mib_max_child']:.0f} MiB")
-    print(f"ring 2 / 1 rank step time: {record['ratio']:.2f}")
+    print(f"{label} / 1 rank step time: {record['ratio']:.2f}")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "ring_attention.json").write_text(json.dumps(record, indent=1))
+    (RESULTS / f"{result_name}.json").write_text(json.dumps(record, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pretrain", default="embedded:smollm2-135m-instruct")
+    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--steps", type=int, default=4)
+    one_rank_against_parallel(parser.parse_args(), "ring 2", 2, {"ring_attn_size": 2}, "ring_attention")
 
 
 if __name__ == "__main__":

@@ -13,14 +13,8 @@ benchmarks/results/tensor_parallel.json.
 from __future__ import annotations
 
 import argparse
-import json
-import tempfile
-from pathlib import Path
 
-from machine import machine_line, machine_record
-from ring_attention import RESULTS, long_rows, run
-
-from rlhfkit.models.loading import load_tokenizer, resolve_pretrain
+from ring_attention import one_rank_against_parallel
 
 
 def main() -> None:
@@ -30,27 +24,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--tp", type=int, default=3, help="ranks per tensor-parallel group (divides the heads)")
     args = parser.parse_args()
-    path = resolve_pretrain(args.pretrain)
-    with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "long.jsonl"
-        data.write_text("".join(json.dumps(r) + "\n" for r in long_rows(args.steps, args.tokens,
-                                                                          load_tokenizer(path))))
-        flags = {"pretrain": path, "dataset": str(data), "input_key": "input", "pretrain_mode": True,
-                 "max_len": args.tokens, "train_batch_size": 1, "micro_train_batch_size": 1, "max_epochs": 1,
-                 "learning_rate": 1e-5, "lr_warmup_ratio": 0.0, "param_dtype": "fp32", "save_steps": -1}
-        one = run(1, 2, {**flags, "run_dir": f"{tmp}/one", "save_path": f"{tmp}/hf1"})
-        tp = run(args.tp, 1, {**flags, "ds_tensor_parallel_size": args.tp, "run_dir": f"{tmp}/tp",
-                              "save_path": f"{tmp}/hf2"})
-    record = {"machine": machine_record("fp32"), "pretrain": args.pretrain, "tokens": args.tokens,
-              "one_rank": one, "tp": tp, "ratio": tp["median_step_seconds"] / one["median_step_seconds"]}
-    print(machine_line(record["machine"]))
-    for name, r in (("1 rank x 2 threads", one), (f"tp {args.tp} x 1 thread", tp)):
-        print(f"{name:20s} median step {r['median_step_seconds']:.2f} s  first loss {r['first_loss']:.5f}  "
-              f"steps {[round(s, 2) for s in r['step_seconds']]}  peak RSS (largest process) "
-              f"{r['peak_rss_mib_max_child']:.0f} MiB")
-    print(f"tp {args.tp} / 1 rank step time: {record['ratio']:.2f}")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "tensor_parallel.json").write_text(json.dumps(record, indent=1))
+    one_rank_against_parallel(args, f"tp {args.tp}", args.tp, {"ds_tensor_parallel_size": args.tp},
+                              "tensor_parallel")
 
 
 if __name__ == "__main__":
