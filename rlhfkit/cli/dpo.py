@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhfkit.config.method_options import DPOOptions
-from rlhfkit.config.options import COMMON_TRAIN_GROUPS
+from rlhfkit.config.commands import DPOConfig
 from rlhfkit.config.parse import parse_config
 from rlhfkit.trainers.common import run_offline_command
 from rlhfkit.trainers.dpo import dpo_method, dpo_samples, validate_dpo
 from rlhfkit.trainers.sft import load_policy
 
-GROUPS = [DPOOptions, *COMMON_TRAIN_GROUPS]
+GROUPS = list(DPOConfig.GROUPS)
 DESCRIPTION = "Direct preference optimisation on chosen/rejected pairs: DPO, cDPO (--label_smoothing), IPO (--ipo)."
 
 

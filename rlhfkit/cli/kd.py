@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhfkit.config.method_options import KDOptions
-from rlhfkit.config.options import COMMON_TRAIN_GROUPS
+from rlhfkit.config.commands import KDConfig
 from rlhfkit.config.parse import parse_config
 from rlhfkit.trainers.common import run_offline_command
 from rlhfkit.trainers.kd import kd_method, kd_samples, validate_kd
 from rlhfkit.trainers.sft import load_policy
 
-GROUPS = [KDOptions, *COMMON_TRAIN_GROUPS]
+GROUPS = list(KDConfig.GROUPS)
 DESCRIPTION = "Knowledge distillation: SFT loss mixed with forward KL to a teacher on response tokens (--kd_coef)."
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhfkit.config.method_options import KTOOptions
-from rlhfkit.config.options import COMMON_TRAIN_GROUPS
+from rlhfkit.config.commands import KTOConfig
 from rlhfkit.config.parse import parse_config
 from rlhfkit.trainers.common import run_offline_command
 from rlhfkit.trainers.kto import kto_method, kto_samples, validate_kto
 from rlhfkit.trainers.sft import load_policy
 
-GROUPS = [KTOOptions, *COMMON_TRAIN_GROUPS]
+GROUPS = list(KTOConfig.GROUPS)
 DESCRIPTION = "KTO on unpaired completions with a boolean desirable/undesirable label."
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.parse import parse_config
-from rlhfkit.config.rl_options import RL_GROUPS
+from rlhfkit.config.validate import need
 
 DESCRIPTION = "Online RL on Ray + vLLM: PPO (critic + GAE) and the critic-free estimators."
-GROUPS = RL_GROUPS
+GROUPS = list(PPOConfig.GROUPS)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -19,8 +20,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     cfg = parse_config("ppo", GROUPS, argv, DESCRIPTION)
     result = train_ppo(cfg)
-    print(f"report: {write_report(cfg.run_dir)}")
-    print("\n".join(summary_lines(summarize_run(cfg.run_dir))))
+    run_dir = need(cfg.run_dir, "--run_dir")  # set by the run
+    print(f"report: {write_report(run_dir)}")
+    print("\n".join(summary_lines(summarize_run(run_dir))))
     return result
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhfkit.config.method_options import PRMOptions
-from rlhfkit.config.options import COMMON_TRAIN_GROUPS
+from rlhfkit.config.commands import PRMConfig
 from rlhfkit.config.parse import parse_config
 from rlhfkit.trainers.common import run_offline_command
 from rlhfkit.trainers.prm import prm_method, prm_samples, validate_prm
 from rlhfkit.trainers.sft import load_policy
 
-GROUPS = [PRMOptions, *COMMON_TRAIN_GROUPS]
+GROUPS = list(PRMConfig.GROUPS)
 DESCRIPTION = "Process reward model: at each step's --placeholder_token, predict one of --reward_tokens."
 
 

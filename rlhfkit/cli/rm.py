@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhfkit.config.method_options import RMOptions
-from rlhfkit.config.options import COMMON_TRAIN_GROUPS
+from rlhfkit.config.commands import RMConfig
 from rlhfkit.config.parse import parse_config
 from rlhfkit.trainers.common import run_offline_command
 from rlhfkit.trainers.rm import RewardNormalisation, load_reward_model, rm_method, rm_samples, validate_rm
 
-GROUPS = [RMOptions, *COMMON_TRAIN_GROUPS]
+GROUPS = list(RMConfig.GROUPS)
 DESCRIPTION = "Bradley-Terry reward model on chosen/rejected pairs (scalar 'score' head; reward_mean/reward_std of " \
               "the training set saved in config.json)."
 

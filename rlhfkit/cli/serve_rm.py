@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from rlhfkit.config.serve_options import DESCRIPTION, ServeRMOptions
+from rlhfkit.config.commands import ServeRMConfig
+from rlhfkit.config.serve_options import DESCRIPTION
 from rlhfkit.rewards.server import serve_rm_main
 
-GROUPS = [ServeRMOptions]
+GROUPS = list(ServeRMConfig.GROUPS)
 __all__ = ["DESCRIPTION", "GROUPS", "main"]
 
 

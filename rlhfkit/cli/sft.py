@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhfkit.config.options import COMMON_TRAIN_GROUPS, SFTOptions
+from rlhfkit.config.commands import SFTConfig
 from rlhfkit.config.parse import parse_config
 from rlhfkit.trainers.common import run_offline_command
 from rlhfkit.trainers.sft import load_policy, sft_method, sft_samples
 
-GROUPS = [SFTOptions, *COMMON_TRAIN_GROUPS]
+GROUPS = list(SFTConfig.GROUPS)
 DESCRIPTION = "Supervised fine-tuning: loss on response tokens (--multiturn: every assistant turn; " \
               "--pretrain_mode: all tokens)."
 

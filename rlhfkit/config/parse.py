@@ -1,8 +1,9 @@
-"""Typed option groups -> one argparse parser -> one flat config object.
+"""Typed option groups -> one argparse parser -> the command's typed config.
 
 Every command declares its option groups (dataclasses in `options.py`). Their fields become `--flags`
 (OpenRLHF's names), `--config run.yaml` sets any of them, and `validate` checks contradictions.
-The result is a single flat dataclass instance, so code reads `cfg.pretrain` as OpenRLHF reads `args.pretrain`.
+The result is an instance of the command's static class (`rlhfkit.config.commands`: `SFTConfig`, `PPOConfig`, ...),
+flat, so code reads `cfg.pretrain` as OpenRLHF reads `args.pretrain`, and typed, so mypy checks that read.
 """
 
 from __future__ import annotations
@@ -12,12 +13,26 @@ import dataclasses
 import sys
 import types
 import typing
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast, overload
 
 import yaml
 
 import rlhfkit.config.dialect as dialect
+from rlhfkit.config.commands import (
+    CONFIG_CLASSES,
+    BatchInferenceConfig,
+    CommandConfig,
+    DPOConfig,
+    KDConfig,
+    KTOConfig,
+    PPOConfig,
+    PRMConfig,
+    RMConfig,
+    ServeRMConfig,
+    SFTConfig,
+)
 from rlhfkit.errors import ConfigError
 
 # DeepSpeed internals that have no meaning under FSDP2: rejected with a reason instead of silently ignored.
@@ -162,17 +177,20 @@ def _add_field(arg_group: Any, f: dataclasses.Field, tp: Any) -> None:
     arg_group.add_argument(flag, *f.metadata.get("aliases", ()), **kwargs)
 
 
-def make_config_class(command: str, groups: list[type]) -> type:
-    """A flat dataclass with every field of every group (first definition wins)."""
-    fields: list[tuple[str, Any, dataclasses.Field]] = []
-    seen: set[str] = set()
-    hints = _resolve_hints(groups)
-    for group in groups:
-        for f in dataclasses.fields(group):
-            if f.name not in seen:
-                seen.add(f.name)
-                fields.append((f.name, hints[f.name], f))
-    return dataclasses.make_dataclass(f"{command.title().replace('-', '')}Config", fields)
+_Groups = Sequence[type] | None
+_Argv = Sequence[str] | None
+
+
+def make_config_class(command: str, groups: _Groups = None) -> type[CommandConfig]:
+    """The static config class of `command` (rlhfkit.config.commands); TypeError when `groups` (None: the class's
+    own) are not its groups (a command's flags and their precedence are declared once, there)."""
+    cls = CONFIG_CLASSES.get(command)
+    if cls is None:
+        raise TypeError(f"no config class for command {command!r}: add one to rlhfkit.config.commands")
+    if groups is not None and tuple(groups) != cls.GROUPS:
+        raise TypeError(f"{command}: option groups {[g.__name__ for g in groups]} differ from "
+                        f"{cls.__name__}.GROUPS {[g.__name__ for g in cls.GROUPS]}")
+    return cls
 
 
 def _load_yaml(path: str, parser: argparse.ArgumentParser, command: str = "") -> dict[str, Any]:
@@ -205,36 +223,74 @@ def _reject_if_deepspeed(name: str, source: str, command: str = "") -> None:
         raise ConfigError(f"{source}: --{name} is not supported by 'rlhfkit {command}': {reason}")
 
 
-def parse_config(command: str, groups: list[type], argv: list[str] | None = None, description: str = "") -> Any:
-    """Parse argv (and --config YAML) into a flat config object; raise ConfigError on unknown/rejected flags."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(command, groups, description)
-    argv = dialect.rewrite_argv(command, argv, parser, lambda name: rejection_reason(name, command))
-    for token in argv:
+@overload
+def parse_config(command: Literal["sft"], groups: _Groups = None, argv: _Argv = None,
+                 description: str = "") -> SFTConfig: ...
+@overload
+def parse_config(command: Literal["rm"], groups: _Groups = None, argv: _Argv = None,
+                 description: str = "") -> RMConfig: ...
+@overload
+def parse_config(command: Literal["dpo"], groups: _Groups = None, argv: _Argv = None,
+                 description: str = "") -> DPOConfig: ...
+@overload
+def parse_config(command: Literal["kto"], groups: _Groups = None, argv: _Argv = None,
+                 description: str = "") -> KTOConfig: ...
+@overload
+def parse_config(command: Literal["kd"], groups: _Groups = None, argv: _Argv = None,
+                 description: str = "") -> KDConfig: ...
+@overload
+def parse_config(command: Literal["prm"], groups: _Groups = None, argv: _Argv = None,
+                 description: str = "") -> PRMConfig: ...
+@overload
+def parse_config(command: Literal["ppo"], groups: _Groups = None, argv: _Argv = None,
+                 description: str = "") -> PPOConfig: ...
+@overload
+def parse_config(command: Literal["batch-inference"], groups: _Groups = None, argv: _Argv = None,
+                 description: str = "") -> BatchInferenceConfig: ...
+@overload
+def parse_config(command: Literal["serve-rm"], groups: _Groups = None, argv: _Argv = None,
+                 description: str = "") -> ServeRMConfig: ...
+@overload
+def parse_config(command: str, groups: _Groups = None, argv: _Argv = None,
+                 description: str = "") -> CommandConfig: ...
+
+
+def parse_config(command: str, groups: _Groups = None, argv: _Argv = None,
+                 description: str = "") -> CommandConfig:
+    """Parse argv (and --config YAML) into the command's typed config (rlhfkit.config.commands; `groups`: None or
+    that class's GROUPS); raise ConfigError on unknown/rejected flags. The overloads give each command's class."""
+    cls = make_config_class(command, groups)
+    parser = build_parser(command, list(cls.GROUPS), description)
+    args = dialect.rewrite_argv(command, list(sys.argv[1:] if argv is None else argv), parser,
+                                lambda name: rejection_reason(name, command))
+    for token in args:
         if token.startswith("--"):
             _reject_if_deepspeed(token[2:].split("=")[0], source="command line", command=command)
-    pre, _ = parser.parse_known_args(argv)
+    pre, _ = parser.parse_known_args(args)
     if pre.config:
         values = _load_yaml(pre.config, parser, command)
         for name in values:
             _reject_if_deepspeed(name, source=f"--config {pre.config}", command=command)
         parser.set_defaults(**values)
-    ns, unknown = parser.parse_known_args(argv)
+    ns, unknown = parser.parse_known_args(args)
     if unknown:
         raise ConfigError(f"unknown flag(s) for 'rlhfkit {command}': {' '.join(unknown)}. "
                           f"Run 'rlhfkit {command} --help' for the list.")
     values = vars(ns)
     values.pop("config")
-    cls = make_config_class(command, groups)
-    cfg = cls(**values)
-    cfg.__dict__["command"] = command
-    cfg.__dict__["argv"] = argv
+    cfg = cast(Callable[..., CommandConfig], cls)(**values)  # a dataclass of exactly these fields
+    cfg.argv = args
     return cfg
 
 
-def config_to_dict(cfg: Any) -> dict[str, Any]:
-    """The resolved flags as a plain dict (for manifests and checkpoints)."""
-    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+def config_to_dict(cfg: object) -> dict[str, Any]:
+    """The resolved flags as a plain dict (for manifests and checkpoints), in --help order for a command's config;
+    any other dataclass (an option group): its fields."""
+    if isinstance(cfg, CommandConfig):
+        return {name: vars(cfg)[name] for name in cfg.flag_names()}
+    if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
+        raise TypeError(f"config_to_dict takes a config dataclass, not {type(cfg).__name__}")
+    return {f.name: vars(cfg)[f.name] for f in dataclasses.fields(cfg)}
 
 
 def flags_to_argv(flags: dict[str, Any]) -> list[str]:

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from rlhfkit.config.commands import PPOConfig
+from rlhfkit.config.rl_options import PlacementOptions
 from rlhfkit.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -89,11 +91,18 @@ def kl_mode_of(init_kl_coef: float, use_kl_loss: bool) -> KLMode:
     return "loss" if use_kl_loss else "penalty"
 
 
-def resolve_plan(cfg: Any, has_gpus: bool | None = None) -> RLPlan:
+def role_layout(cfg: PlacementOptions) -> tuple[tuple[str, int, int], ...]:
+    """(role, --<role>_num_nodes, --<role>_num_gpus_per_node) for each of ROLES, in that order."""
+    return (("actor", int(cfg.actor_num_nodes), int(cfg.actor_num_gpus_per_node)),
+            ("ref", int(cfg.ref_num_nodes), int(cfg.ref_num_gpus_per_node)),
+            ("critic", int(cfg.critic_num_nodes), int(cfg.critic_num_gpus_per_node)),
+            ("reward", int(cfg.reward_num_nodes), int(cfg.reward_num_gpus_per_node)))
+
+
+def resolve_plan(cfg: PPOConfig, has_gpus: bool | None = None) -> RLPlan:
     """The run's derived facts from its ppo options; `has_gpus` (known once Ray runs) resolves the sync transport."""
     estimator = cfg.advantage_estimator
-    layout = tuple((role, int(getattr(cfg, f"{role}_num_nodes")), int(getattr(cfg, f"{role}_num_gpus_per_node")))
-                   for role in ROLES)
+    layout = role_layout(cfg)
     transport = None if has_gpus is None else \
         resolve_sync_backend(cfg.vllm_sync_backend, has_gpus, bool(cfg.colocate_all_models))
     return RLPlan(estimator=estimator, needs_critic=estimator == "gae", group_estimator=estimator in GROUP_ESTIMATORS,

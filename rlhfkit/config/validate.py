@@ -2,20 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeVar
 
+from rlhfkit.config.commands import CommandConfig, OfflineConfig
 from rlhfkit.config.optim_options import validate_optim
+from rlhfkit.config.options import SFTOptions, TrainOptions
 from rlhfkit.errors import ConfigError
 
+T = TypeVar("T")
 
-def require(cfg: Any, *names: str) -> None:
-    """Raise when a required flag is unset."""
+
+def need(value: T | None, flag: str) -> T:
+    """`value` of the optional `flag` where the run needs it (checked up front by `require` / the command's validate:
+    this narrows the type and fails loudly if a path skipped that check)."""
+    if value is None:
+        raise ConfigError(f"{flag} is required here")
+    return value
+
+
+def require(cfg: CommandConfig, *names: str) -> None:
+    """Raise when a required flag is unset; TypeError for a name that is not one of the command's flags."""
+    values = vars(cfg)
     for name in names:
-        if getattr(cfg, name, None) in (None, ""):
+        if name not in type(cfg).flag_names():
+            raise TypeError(f"require: 'rlhfkit {cfg.command}' has no flag --{name}")
+        if values[name] in (None, ""):
             raise ConfigError(f"--{name} is required for 'rlhfkit {cfg.command}'")
 
 
-def validate_batch_sizes(cfg: Any, world_size: int) -> int:
+def validate_batch_sizes(cfg: TrainOptions, world_size: int) -> int:
     """Return gradient accumulation steps = train_batch_size / (micro_train_batch_size * world_size)."""
     per_step = cfg.micro_train_batch_size * world_size
     if cfg.micro_train_batch_size < 1 or cfg.train_batch_size < 1:
@@ -28,13 +43,13 @@ def validate_batch_sizes(cfg: Any, world_size: int) -> int:
     return cfg.train_batch_size // per_step
 
 
-def validate_common(cfg: Any) -> None:
+def validate_common(cfg: OfflineConfig) -> None:
     """Contradictions every training command shares."""
     if cfg.dataset_probs and cfg.dataset:
         n_data, n_probs = len(cfg.dataset.split(",")), len(str(cfg.dataset_probs).split(","))
         if n_data != n_probs:
             raise ConfigError(f"--dataset has {n_data} entries but --dataset_probs has {n_probs}; give one each")
-    if getattr(cfg, "multiturn", False) and getattr(cfg, "pretrain_mode", False):
+    if isinstance(cfg, SFTOptions) and cfg.multiturn and cfg.pretrain_mode:  # only sft has --multiturn
         raise ConfigError("--multiturn and --pretrain_mode contradict: pretrain_mode trains on all tokens already")
     if cfg.load_checkpoint and cfg.save_steps == -1 and not cfg.ckpt_path:
         raise ConfigError("--load_checkpoint needs --ckpt_path")
@@ -43,6 +58,6 @@ def validate_common(cfg: Any) -> None:
     validate_optim(cfg)
     if cfg.lora_rank < 0:
         raise ConfigError("--lora_rank must be >= 0")
-    if getattr(cfg, "load_in_4bit", False) and cfg.lora_rank <= 0:
+    if cfg.load_in_4bit and cfg.lora_rank <= 0:
         raise ConfigError("--load_in_4bit needs --lora_rank > 0: 4-bit base weights cannot be trained, only LoRA "
                           "adapters on them (QLoRA)")

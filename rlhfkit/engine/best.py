@@ -21,6 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.config.options import CheckpointOptions
 from rlhfkit.errors import ConfigError
 
 log = logging.getLogger("rlhfkit")
@@ -35,9 +36,9 @@ def resolve_key(requested: str | None, default: str) -> str | None:
     return default if requested in ("", "auto") else requested
 
 
-def tracker_for(cfg: Any, default_key: str, has_eval: bool) -> BestTracker | None:
+def tracker_for(cfg: CheckpointOptions, default_key: str, has_eval: bool) -> BestTracker | None:
     """The run's tracker (None without --best_metric_key); refused without evaluation data."""
-    key = resolve_key(getattr(cfg, "best_metric_key", None), default_key)
+    key = resolve_key(cfg.best_metric_key, default_key)
     if key is None:
         return None
     if not has_eval:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from rlhfkit.config.rl_options import RLAlgorithmOptions
+
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
@@ -57,22 +59,22 @@ class EMA:
 DEFAULT_EMA_BETA = 0.992  # OpenRLHF's default decay
 
 
-def resolved_ema_beta(cfg: object) -> float | None:
+def resolved_ema_beta(cfg: RLAlgorithmOptions) -> float | None:
     """The EMA decay a run uses: --ema_beta, or DEFAULT_EMA_BETA, with --enable_ema; None without it."""
-    if not getattr(cfg, "enable_ema", False):
+    if not cfg.enable_ema:
         return None
-    beta = getattr(cfg, "ema_beta", None)
+    beta = cfg.ema_beta
     return DEFAULT_EMA_BETA if beta is None else float(beta)
 
 
-def validate_ema(cfg: object) -> None:
+def validate_ema(cfg: RLAlgorithmOptions) -> None:
     """--ema_beta must lie in (0, 1) and goes with --enable_ema (alone it would do nothing)."""
     from rlhfkit.errors import ConfigError
 
-    beta = getattr(cfg, "ema_beta", None)
+    beta = cfg.ema_beta
     if beta is None:
         return
-    if not getattr(cfg, "enable_ema", False):
+    if not cfg.enable_ema:
         raise ConfigError(f"--ema_beta {beta} without --enable_ema: there is no EMA to decay; add --enable_ema, or "
                           "drop --ema_beta")
     if not 0.0 < beta < 1.0:

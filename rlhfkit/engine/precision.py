@@ -30,6 +30,9 @@ from typing import Any, cast
 
 import torch
 
+from rlhfkit.config.commands import BatchInferenceConfig, TrainingConfig
+from rlhfkit.config.rl_options import RolloutOptions
+
 log = logging.getLogger("rlhfkit")
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -216,16 +219,19 @@ def auto_torch_dtype(device: torch.device | str) -> torch.dtype:
     return TORCH_DTYPES[resolve_precision("auto", torch.device(device).type).dtype]
 
 
-def apply_precision(cfg: Any, device_type: str, touch_device: bool = True) -> Precision:
+def apply_precision(cfg: TrainingConfig | BatchInferenceConfig, device_type: str, touch_device: bool = True
+                    ) -> Precision:
     """Resolve `cfg.param_dtype` (and `cfg.vllm_dtype` where the command has it: auto = the trainer's) to concrete
     values in place, warn once when an explicit half precision runs without native support, and keep the
     decision on `cfg.precision` (the manifest, the derived-quantities table and the report show it)."""
     choice = resolve_precision(cfg.param_dtype, device_type, touch_device)
     cfg.param_dtype = choice.dtype
-    if getattr(cfg, "vllm_dtype", None) == "auto":
-        cfg.vllm_dtype = choice.dtype
-    half = [f"{flag} {value}" for flag, value in (("--param_dtype", cfg.param_dtype),
-                                                  ("--vllm_dtype", getattr(cfg, "vllm_dtype", None)))
+    engine_dtype = None
+    if isinstance(cfg, RolloutOptions):  # ppo's engines: --vllm_dtype auto = the trainer's
+        if cfg.vllm_dtype == "auto":
+            cfg.vllm_dtype = choice.dtype
+        engine_dtype = cfg.vllm_dtype
+    half = [f"{flag} {value}" for flag, value in (("--param_dtype", cfg.param_dtype), ("--vllm_dtype", engine_dtype))
             if value in ("bf16", "fp16")]
     if half and device_type == "cpu" and not choice.native_bf16 and choice.bf16_gflops:
         slowdown = cast(float, choice.fp32_gflops) / choice.bf16_gflops

@@ -11,6 +11,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from rlhfkit.config.commands import TrainingConfig
 from rlhfkit.config.optim_options import optim_settings
 from rlhfkit.engine.distributed import DistInfo
 from rlhfkit.engine.ema import EMA
@@ -23,7 +24,7 @@ class TrainEngine:
     """Owns model, optimizer and scheduler (and with `ema_beta` the weights' moving average, `rlhfkit.engine.ema`);
     exposes backward / step / lr."""
 
-    def __init__(self, model: nn.Module, cfg: Any, dist_info: DistInfo, total_steps: int,
+    def __init__(self, model: nn.Module, cfg: TrainingConfig, dist_info: DistInfo, total_steps: int,
                  learning_rate: float | None = None, role: str | None = None, ema_beta: float | None = None) -> None:
         """`role`: 'actor' or 'critic' in ppo, whose --<role>_* optimiser flags override the shared ones;
         `learning_rate`: AdamW's peak lr (default --learning_rate); `ema_beta`: keep the weights' moving average."""
@@ -38,7 +39,7 @@ class TrainEngine:
             use_ring_attention(model)
         self.model = shard_model(model, zero_stage=cfg.zero_stage, device=dist_info.device,
                                  param_dtype=cfg.param_dtype, cpu_offload=cfg.adam_offload)
-        self.aux_loss_coef = float(getattr(cfg, "aux_loss_coef", 0.0) or 0.0)
+        self.aux_loss_coef = float(cfg.aux_loss_coef or 0.0)
         self.aux_loss = _router_aux_loss(self.model, self.aux_loss_coef)
         self.settings = optim_settings(cfg, role, learning_rate)
         self.optimizer = make_optimizer(self.model, self.settings)

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.config.commands import BatchInferenceConfig
+from rlhfkit.config.validate import need
 from rlhfkit.data.csft import condition_row
 from rlhfkit.data.errors import row_error
 from rlhfkit.data.formatting import get_field
@@ -36,7 +38,7 @@ from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES
 log = logging.getLogger("rlhfkit")
 
 
-def validate(cfg: Any) -> None:
+def validate(cfg: BatchInferenceConfig) -> None:
     """Contradicting or missing flags -> ConfigError naming them."""
     has_reward = bool(cfg.reward_pretrain or cfg.remote_rm_url)
     if not cfg.dataset:
@@ -61,7 +63,7 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"--tp_size {cfg.tp_size} must be >= 1")
 
 
-def run_batch_inference(cfg: Any, engines: list[Any] | None = None) -> dict[str, Any]:
+def run_batch_inference(cfg: BatchInferenceConfig, engines: list[Any] | None = None) -> dict[str, Any]:
     """Do the task, write `--output_path` (atomically), return the stats. `engines`: running rollout engine actors
     to reuse (tests, notebooks); otherwise they are started (and stopped) here."""
     validate(cfg)
@@ -81,13 +83,13 @@ def run_batch_inference(cfg: Any, engines: list[Any] | None = None) -> dict[str,
         stats[cfg.post_processor] = post
     stats["rows_written"] = len(rows)
     stats["seconds"] = round(time.perf_counter() - began, 3)
-    write_rows(rows, cfg.output_path)
+    write_rows(rows, need(cfg.output_path, "--output_path"))
     return stats
 
 
-def prompt_slice(cfg: Any, tokenizer: Any) -> tuple[list[dict], int]:
+def prompt_slice(cfg: BatchInferenceConfig, tokenizer: Any) -> tuple[list[dict], int]:
     """The prompts of this run (the --iter slice) and the index of the first one in the whole file."""
-    rows = blend_datasets(cfg.dataset, cfg.dataset_probs, split=cfg.dataset_split, seed=cfg.seed,
+    rows = blend_datasets(need(cfg.dataset, "--dataset"), cfg.dataset_probs, split=cfg.dataset_split, seed=cfg.seed,
                           max_samples=cfg.max_samples)
     if cfg.iter is not None:
         start = cfg.iter * cfg.rollout_batch_size
@@ -109,16 +111,16 @@ def prompt_slice(cfg: Any, tokenizer: Any) -> tuple[list[dict], int]:
     return prompts, start
 
 
-def _csft(row: dict, cfg: Any) -> Any:
+def _csft(row: dict, cfg: BatchInferenceConfig) -> Any:
     """--enable_csft: the condition before the prompt, as `rlhfkit sft --csft_keys` trained it."""
     key = cfg.csft_prompt.split(">", 1)[0].lstrip("<") or "rm_score"
     value = cfg.csft_prompt.split(":", 1)[1].strip() if ":" in cfg.csft_prompt else cfg.csft_prompt
     return condition_row({**row, key: value}, [key], cfg.input_key, cfg.apply_chat_template)[cfg.input_key]
 
 
-def generate(cfg: Any, engines: list[Any] | None, stats: dict[str, Any]) -> list[dict[str, Any]]:
+def generate(cfg: BatchInferenceConfig, engines: list[Any] | None, stats: dict[str, Any]) -> list[dict[str, Any]]:
     """best_of_n samples per prompt on the engines -> rows, prompt-major."""
-    path = resolve_pretrain(cfg.pretrain)
+    path = resolve_pretrain(need(cfg.pretrain, "--pretrain"))
     tokenizer = load_tokenizer(path, use_fast=not cfg.disable_fast_tokenizer)
     if cfg.tokenizer_chat_template:
         tokenizer.chat_template = cfg.tokenizer_chat_template
@@ -129,7 +131,7 @@ def generate(cfg: Any, engines: list[Any] | None, stats: dict[str, Any]) -> list
     owned = engines is None
     if engines is None:
         engines, owns_ray = start_engines(cfg, path)
-        stats["precision"] = cfg.precision.summary()  # what --param_dtype resolved to, and why
+        stats["precision"] = cfg.precision.summary() if cfg.precision else None  # --param_dtype resolved, and why
     began = time.perf_counter()
     try:
         samples = generate_on_engines(engines, [p["prompt_ids"] for p in prompts], sampling)
@@ -152,7 +154,7 @@ def generate(cfg: Any, engines: list[Any] | None, stats: dict[str, Any]) -> list
     return rows
 
 
-def start_engines(cfg: Any, path: str) -> tuple[list[Any], bool]:
+def start_engines(cfg: BatchInferenceConfig, path: str) -> tuple[list[Any], bool]:
     from rlhfkit.engine.precision import apply_precision
     from rlhfkit.launch.ray_cluster import cluster_has_gpus, start_ray
 
@@ -184,10 +186,10 @@ def stop_engines(engines: list[Any], owns_ray: bool) -> None:
         ray.shutdown()
 
 
-def read_scoring_rows(cfg: Any) -> list[dict[str, Any]]:
+def read_scoring_rows(cfg: BatchInferenceConfig) -> list[dict[str, Any]]:
     """--eval_task rm: `{"input", "output"}` (+ "label") rows from --dataset (--input_key, --output_key)."""
     rows = []
-    for row in blend_datasets(cfg.dataset, cfg.dataset_probs, split=cfg.dataset_split, seed=cfg.seed,
+    for row in blend_datasets(need(cfg.dataset, "--dataset"), cfg.dataset_probs, split=cfg.dataset_split, seed=cfg.seed,
                               max_samples=cfg.max_samples):
         out = {"input": get_field(row, cfg.input_key, "--input_key"),
                "output": get_field(row, cfg.output_key, "--output_key")}
@@ -202,19 +204,16 @@ def read_scoring_rows(cfg: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def score(cfg: Any, rows: list[dict[str, Any]], stats: dict[str, Any]) -> None:
+def score(cfg: BatchInferenceConfig, rows: list[dict[str, Any]], stats: dict[str, Any]) -> None:
     """Add "reward" to every row: the reward of `input + output` from the configured source(s)."""
-    from types import SimpleNamespace
+    from rlhfkit.rewards.sources import RewardSpec, reward_source_from_config
 
-    from rlhfkit.rewards.sources import reward_source_from_config
-
-    specs = SimpleNamespace(reward_pretrain=cfg.reward_pretrain, remote_rm_url=cfg.remote_rm_url,
-                            normalize_reward=cfg.normalize_reward, reward_timeout=cfg.reward_timeout,
-                            max_len=cfg.max_len, remote_rm_timeout=cfg.remote_rm_timeout,
-                            remote_rm_retries=cfg.remote_rm_retries, remote_rm_backoff=cfg.remote_rm_backoff,
-                            remote_rm_token=cfg.remote_rm_token)
-    if not (cfg.reward_pretrain or cfg.remote_rm_url):  # --eval_task rm with --pretrain: OpenRLHF's reward model
-        specs.reward_pretrain = cfg.pretrain
+    has_reward = bool(cfg.reward_pretrain or cfg.remote_rm_url)  # else --eval_task rm with --pretrain: OpenRLHF's RM
+    specs = RewardSpec(reward_pretrain=cfg.reward_pretrain if has_reward else cfg.pretrain,
+                       remote_rm_url=cfg.remote_rm_url, normalize_reward=cfg.normalize_reward,
+                       reward_timeout=cfg.reward_timeout, max_len=cfg.max_len, remote_rm_timeout=cfg.remote_rm_timeout,
+                       remote_rm_retries=cfg.remote_rm_retries, remote_rm_backoff=cfg.remote_rm_backoff,
+                       remote_rm_token=cfg.remote_rm_token)
     source = reward_source_from_config(specs, micro_batch_size=cfg.micro_batch_size)
     prompts = [str(r["input"]) for r in rows]
     labels = [r.get("label") for r in rows] if cfg.label_key else None

@@ -18,34 +18,37 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.config.commands import BatchInferenceConfig, PPOConfig
+from rlhfkit.config.validate import need
 from rlhfkit.errors import ConfigError
 from rlhfkit.userfiles import import_user_file
 
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 
-def preflight(cfg: Any, engines: list[Any] | None = None) -> None:
+def preflight(cfg: PPOConfig, engines: list[Any] | None = None) -> None:
     """`rlhfkit ppo`: every check below, in the order a user would want to hear about them."""
-    check_user_files(cfg)
-    check_context_length(cfg.pretrain, cfg.prompt_max_len, cfg.generate_max_len)
-    if engines is None and not _joins_cluster(cfg) and cfg.rollout_backend == "vllm":
+    check_user_files(cfg.reward_pretrain, cfg.remote_rm_url, cfg.agent_func_path)
+    check_context_length(need(cfg.pretrain, "--pretrain"), cfg.prompt_max_len, cfg.generate_max_len)
+    if engines is None and not _joins_cluster(cfg.ray_address) and cfg.rollout_backend == "vllm":
         check_engine_devices(cfg.vllm_num_engines, cfg.vllm_tensor_parallel_size)
         check_kv_cache_memory(cfg.vllm_kv_cache_mb, cfg.vllm_num_engines)
 
 
-def preflight_batch_inference(cfg: Any, engines: list[Any] | None = None) -> None:
+def preflight_batch_inference(cfg: BatchInferenceConfig, engines: list[Any] | None = None) -> None:
     """`rlhfkit batch-inference`: its reward files; with --eval_task generate_vllm the context and the host."""
-    check_user_files(cfg, agent=False)
+    check_user_files(cfg.reward_pretrain, cfg.remote_rm_url)
     if cfg.eval_task != "generate_vllm":
         return
-    check_context_length(cfg.pretrain, cfg.prompt_max_len, cfg.max_new_tokens, "--max_new_tokens")
-    if engines is None and not _joins_cluster(cfg):
+    check_context_length(need(cfg.pretrain, "--pretrain"), cfg.prompt_max_len, cfg.max_new_tokens,
+                         "--max_new_tokens")
+    if engines is None and not _joins_cluster(cfg.ray_address):
         check_engine_devices(cfg.vllm_num_engines, cfg.tp_size, "--tp_size")
         check_kv_cache_memory(cfg.vllm_kv_cache_mb, cfg.vllm_num_engines)
 
 
-def _joins_cluster(cfg: Any) -> bool:
-    return bool(getattr(cfg, "ray_address", None) or os.environ.get("RAY_ADDRESS"))
+def _joins_cluster(ray_address: str | None) -> bool:
+    return bool(ray_address or os.environ.get("RAY_ADDRESS"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -147,15 +150,17 @@ def check_kv_cache_memory(kv_cache_mb: int, engines: int) -> None:
 # the user's Python files
 
 
-def check_user_files(cfg: Any, agent: bool = True) -> None:
-    """The reward files import and define `reward_func`; the agent file loads as `rlhfkit ppo` will load it."""
+def check_user_files(reward_pretrain: str | None, remote_rm_url: str | None, agent_func_path: str | None = None
+                     ) -> None:
+    """The reward files (of --reward_pretrain, --remote_rm_url) import and define `reward_func`; the agent file
+    (--agent_func_path, ppo's) loads as `rlhfkit ppo` will load it."""
     from rlhfkit.agents.environment import load_agent
     from rlhfkit.rewards.reward_func import FILE_SHAPE, FUNC_NAME
     from rlhfkit.rewards.sources import spec_kind, split_specs
 
-    for flag in ("--reward_pretrain", "--remote_rm_url"):
-        for spec in split_specs(getattr(cfg, flag[2:])):
+    for flag, specs in (("--reward_pretrain", reward_pretrain), ("--remote_rm_url", remote_rm_url)):
+        for spec in split_specs(specs):
             if spec_kind(spec) == "file":
                 import_user_file(spec, flag, FUNC_NAME, FILE_SHAPE, keep=False)
-    if agent and cfg.agent_func_path:
-        load_agent(cfg.agent_func_path)
+    if agent_func_path:
+        load_agent(agent_func_path)

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.commands import BatchInferenceConfig, PPOConfig
 from rlhfkit.engine.precision import cpu_matmul_rates
 
 # What every Ray worker of a run needs (vLLM in the actor's own process, no tokenizer fork warnings) ...
@@ -18,7 +19,7 @@ ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "
 WORKER_ENV = {**ENGINE_ENV, "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def start_ray(cfg: Any) -> bool:
+def start_ray(cfg: PPOConfig | BatchInferenceConfig) -> bool:
     """Join --ray_address / RAY_ADDRESS (e.g. under `ray job submit`), else start a local cluster on loopback.
     Returns True when this process started the cluster."""
     import ray

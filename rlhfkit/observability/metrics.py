@@ -9,6 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.config.commands import CommandConfig
+from rlhfkit.config.options import LoggingOptions
+
 # The suffix convention of every metric reduced over micro-batches, ranks or updates: a key ending in one of these
 # keeps the extreme value; every other key is a (weighted) sum that its owner divides into a mean.
 EXTREMA = ("_max", "_min")
@@ -37,7 +40,7 @@ def merge_metrics(into: dict[str, float], new: Mapping[str, Any], weight: float 
 class MetricsLogger:
     """Writes one JSON object per logged step; mirrors scalars to TensorBoard and W&B when asked. Rank 0 only."""
 
-    def __init__(self, run_dir: str | Path, cfg: Any, enabled: bool = True) -> None:
+    def __init__(self, run_dir: str | Path, cfg: LoggingOptions, enabled: bool = True) -> None:
         self.enabled = enabled
         self.tb = None
         self.wandb_run = None
@@ -45,11 +48,11 @@ class MetricsLogger:
             return
         self.path = Path(run_dir) / "metrics.jsonl"
         self.file = self.path.open("a", buffering=1)
-        if getattr(cfg, "use_tensorboard", None):
+        if cfg.use_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(log_dir=str(Path(cfg.use_tensorboard) / Path(run_dir).name))
-        if getattr(cfg, "use_wandb", None):
+        if cfg.use_wandb:
             self.wandb_run = _start_wandb(cfg, run_dir)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
@@ -82,7 +85,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _start_wandb(cfg: Any, run_dir: str | Path):
+def _start_wandb(cfg: LoggingOptions, run_dir: str | Path) -> Any:
     import wandb
 
     key = cfg.use_wandb
@@ -91,4 +94,12 @@ def _start_wandb(cfg: Any, run_dir: str | Path):
     elif key not in ("1", "true", "True"):
         wandb.login(key=key)
     return wandb.init(project=cfg.wandb_project, entity=cfg.wandb_org, group=cfg.wandb_group,
-                      name=cfg.wandb_run_name or Path(run_dir).name, dir=str(run_dir), config=vars(cfg).copy())
+                      name=cfg.wandb_run_name or Path(run_dir).name, dir=str(run_dir), config=_wandb_config(cfg))
+
+
+def _wandb_config(cfg: LoggingOptions) -> dict[str, Any]:
+    """The run's flags for W&B's run config (with `command` for a command's config)."""
+    values = vars(cfg).copy()
+    if isinstance(cfg, CommandConfig):
+        values["command"] = cfg.command
+    return values

@@ -24,10 +24,10 @@ class FlopModel:
     @classmethod
     def from_config(cls, config: Any, total_params: int) -> FlopModel:
         """From an HF config and the model's parameter count (tied embeddings counted once)."""
-        cfg = getattr(config, "text_config", None) or config
-        vocab, hidden = int(cfg.vocab_size), int(cfg.hidden_size)
+        text = getattr(config, "text_config", None) or config  # a VLM's language model config
+        vocab, hidden = int(text.vocab_size), int(text.hidden_size)
         head = vocab * hidden
-        tied = bool(getattr(config, "tie_word_embeddings", getattr(cfg, "tie_word_embeddings", False)))
+        tied = bool(getattr(config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False)))
         body = total_params - head - (0 if tied else head)  # minus the input embedding, and the untied head
         return cls(body=float(max(body, 0)), head=float(head))
 

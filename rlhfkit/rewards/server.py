@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.config.parse import config_to_dict, parse_config
+from rlhfkit.config.parse import parse_config
 from rlhfkit.config.serve_options import DESCRIPTION, ServeRMOptions
 from rlhfkit.errors import ConfigError, RewardError
 from rlhfkit.rewards.base import RewardSource, check_batch
@@ -146,7 +146,7 @@ def parse_request(body: bytes) -> tuple[list[str], list[str], list[Any]]:
 def build_server(argv: list[str] | None = None) -> RewardServer:
     """Parse the flags of ``rlhfkit serve-rm`` (the shared `parse_config` path: OpenRLHF's dotted names, --config,
     refusals), load the reward source and bind the server (not yet serving)."""
-    opts = ServeRMOptions(**config_to_dict(parse_config("serve-rm", [ServeRMOptions], argv, DESCRIPTION)))
+    opts = parse_config("serve-rm", None, argv, DESCRIPTION)  # a ServeRMConfig, itself a ServeRMOptions
     return server_from_options(opts)
 
 

@@ -17,6 +17,7 @@ sources' counts.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -80,33 +81,44 @@ def build_reward_source(specs: str | Sequence[str], *, timeout: float | None = D
     return sources[0] if len(sources) == 1 and weights is None else CombinedSource(sources, combine_rule, weights)
 
 
-def reward_source_from_config(cfg: Any, micro_batch_size: int | None = None) -> RewardSource:
-    """:func:`build_reward_source` from a flat config (``cfg.reward_pretrain``, ``cfg.remote_rm_url``, ...).
+@dataclass(frozen=True)
+class RewardSpec:
+    """The reward flags a reward source is built from (`rlhfkit batch-inference` fills it from its options); a
+    None value takes the default."""
 
-    Reads, with these defaults when absent: ``reward_timeout`` (60), ``reward_error_policy`` ("raise"),
-    ``reward_combine`` ("mean"), ``reward_weights`` (None), ``reward_format_pattern`` (None),
-    ``normalize_reward`` (False), ``max_len`` (2048), ``micro_rollout_batch_size`` (8: the reward models'
-    micro-batch, unless ``micro_batch_size`` is given), and the reward-server flags
-    (``rlhfkit.config.options.RemoteRewardOptions``): ``remote_rm_timeout`` (``reward_timeout``, 60 when that is 0),
-    ``remote_rm_retries`` (3), ``remote_rm_backoff`` (1.0), ``remote_rm_token`` (env ``RLHFKIT_RM_TOKEN``).
-    """
-    def get(name: str, default: Any) -> Any:
-        value = getattr(cfg, name, None)
-        return default if value is None else value
+    reward_pretrain: str | None = None
+    remote_rm_url: str | None = None
+    reward_timeout: float | None = DEFAULT_TIMEOUT
+    reward_error_policy: str = "raise"
+    reward_combine: str = "mean"
+    reward_weights: str | None = None
+    reward_format_pattern: str | None = None
+    normalize_reward: bool = False
+    max_len: int = 2048
+    micro_rollout_batch_size: int = 8          # the reward models' rows per forward (ppo's flag name)
+    remote_rm_timeout: float | None = None   # the reward-server flags (rlhfkit.config.options.RemoteRewardOptions)
+    remote_rm_retries: int = 3
+    remote_rm_backoff: float = 1.0
+    remote_rm_token: str | None = None       # None: env RLHFKIT_RM_TOKEN
 
-    specs = split_specs(get("reward_pretrain", [])) + split_specs(get("remote_rm_url", []))
-    weights = get("reward_weights", None)
-    rows = micro_batch_size if micro_batch_size is not None else get("micro_rollout_batch_size", 8)
-    model_kwargs = {"normalize_reward": bool(get("normalize_reward", False)), "max_len": int(get("max_len", 2048)),
+
+def reward_source_from_config(spec: RewardSpec, micro_batch_size: int | None = None) -> RewardSource:
+    """:func:`build_reward_source` from a :class:`RewardSpec` (``spec.reward_pretrain``, ``spec.remote_rm_url``, ...);
+    ``micro_batch_size``, when given, overrides ``spec.micro_rollout_batch_size``. ``remote_rm_timeout`` unset:
+    ``reward_timeout`` (60 when that is 0 or unset)."""
+    reward_timeout = DEFAULT_TIMEOUT if spec.reward_timeout is None else spec.reward_timeout
+    specs = split_specs(spec.reward_pretrain) + split_specs(spec.remote_rm_url)
+    rows = micro_batch_size if micro_batch_size is not None else spec.micro_rollout_batch_size
+    model_kwargs = {"normalize_reward": bool(spec.normalize_reward), "max_len": int(spec.max_len),
                     "micro_batch_size": int(rows)}
-    remote_kwargs = {"timeout": remote_timeout(get("remote_rm_timeout", None), get("reward_timeout", DEFAULT_TIMEOUT)),
-                     "retries": int(get("remote_rm_retries", 3)), "backoff": float(get("remote_rm_backoff", 1.0)),
-                     "token": get("remote_rm_token", None)}
+    remote_kwargs = {"timeout": remote_timeout(spec.remote_rm_timeout, reward_timeout),
+                     "retries": int(spec.remote_rm_retries), "backoff": float(spec.remote_rm_backoff),
+                     "token": spec.remote_rm_token}
+    weights = spec.reward_weights
     return build_reward_source(
-        specs, timeout=get("reward_timeout", DEFAULT_TIMEOUT), error_policy=get("reward_error_policy", "raise"),
-        combine_rule=get("reward_combine", "mean"),
+        specs, timeout=reward_timeout, error_policy=spec.reward_error_policy, combine_rule=spec.reward_combine,
         weights=[float(w) for w in split_specs(weights)] if weights is not None else None,
-        format_pattern=get("reward_format_pattern", None), model_kwargs=model_kwargs, remote_kwargs=remote_kwargs)
+        format_pattern=spec.reward_format_pattern, model_kwargs=model_kwargs, remote_kwargs=remote_kwargs)
 
 
 def combine(outputs: Sequence[RewardOutput], names: Sequence[str], rule: str = "mean",

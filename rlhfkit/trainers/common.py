@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlhfkit.config.validate import require, validate_common
+from rlhfkit.config.commands import OfflineConfig, TrainingConfig
+from rlhfkit.config.options import TrainOptions
+from rlhfkit.config.validate import need, require, validate_common
 from rlhfkit.data.collate import model_inputs
 from rlhfkit.data.readers import blend_datasets
 from rlhfkit.engine.distributed import DistInfo, init_distributed, shutdown_distributed
@@ -36,6 +38,7 @@ from rlhfkit.observability.summary import summarize_run, summary_lines
 from rlhfkit.trainers.loop import OfflineMethod, plan_steps, train_offline
 
 log = logging.getLogger("rlhfkit")
+C = TypeVar("C", bound=OfflineConfig)  # the command's config (SFTConfig, RMConfig, ...)
 
 
 def target_log_probs(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,7 +60,7 @@ def target_log_probs(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Ten
     return log_probs, batch["loss_mask"][:, 1:].to(log_probs.dtype)
 
 
-def load_split(cfg: Any, spec: str | None, split: str, probs: str | None = None,
+def load_split(cfg: TrainOptions, spec: str | None, split: str, probs: str | None = None,
                max_samples: int | None = None):
     """Read (and mix) the datasets named by a comma-separated flag value; None when the flag is unset."""
     if not spec:
@@ -66,12 +69,12 @@ def load_split(cfg: Any, spec: str | None, split: str, probs: str | None = None,
 
 
 def run_offline_command(
-    cfg: Any,
-    build_samples: Callable[[Any, Any, Any], tuple[list[dict], dict[str, Any]]],
-    build_method: Callable[[Any, Any, DistInfo], OfflineMethod],
-    load_model: Callable[[Any, DistInfo], nn.Module],
+    cfg: C,
+    build_samples: Callable[[C, Any, Any], tuple[list[dict], dict[str, Any]]],
+    build_method: Callable[[C, Any, DistInfo], OfflineMethod],
+    load_model: Callable[[C, DistInfo], nn.Module],
     extra_config: Callable[[list[dict]], dict[str, Any]] | None = None,
-    after_training: Callable[[Any, TrainEngine, Any, dict[str, Any]], None] | None = None,
+    after_training: Callable[[C, TrainEngine, Any, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """The scaffold of every offline command; the method supplies samples, loss and model."""
     require(cfg, "pretrain", "dataset")
@@ -84,8 +87,8 @@ def run_offline_command(
         if cfg.full_determinism:
             torch.use_deterministic_algorithms(True)
         apply_precision(cfg, dist_info.device.type)
-        prepare_run_dir(cfg, dist_info.is_main, dist_info.world_size)
-        tokenizer = load_tokenizer(cfg.pretrain, use_fast=not cfg.disable_fast_tokenizer)
+        run_dir = prepare_run_dir(cfg, dist_info.is_main, dist_info.world_size)
+        tokenizer = load_tokenizer(need(cfg.pretrain, "--pretrain"), use_fast=not cfg.disable_fast_tokenizer)
         if cfg.tokenizer_chat_template:
             tokenizer.chat_template = cfg.tokenizer_chat_template
         train_rows = load_split(cfg, cfg.dataset, cfg.dataset_split, cfg.dataset_probs, cfg.max_samples)
@@ -103,8 +106,8 @@ def run_offline_command(
         if after_training is not None:
             after_training(cfg, engine, tokenizer, result)
         if dist_info.is_main:
-            log.info("report: %s", write_report(cfg.run_dir))
-            print("\n".join(summary_lines(summarize_run(cfg.run_dir))), flush=True)
+            log.info("report: %s", write_report(run_dir))
+            print("\n".join(summary_lines(summarize_run(run_dir))), flush=True)
         return result
     finally:
         teardown_ring_attention()
@@ -112,28 +115,28 @@ def run_offline_command(
         shutdown_distributed()
 
 
-def setup_context_parallel(cfg: Any) -> None:
+def setup_context_parallel(cfg: TrainingConfig) -> None:
     """--ring_attn_size / --ring_head_stride: the ring groups (rlhfkit.models.context_parallel); refuses the flags
     that do not compose with it."""
-    size = getattr(cfg, "ring_attn_size", 1)
-    if size > 1 and getattr(cfg, "aux_loss_coef", 0.0):
+    size = cfg.ring_attn_size
+    if size > 1 and cfg.aux_loss_coef:
         raise ConfigError(f"--aux_loss_coef with --ring_attn_size {size}: the router loss would be computed on each "
                           "rank's chunk of the sequence, not on the whole sequence; use one of the two")
-    ring = setup_ring_attention(size, getattr(cfg, "ring_head_stride", 1))
+    ring = setup_ring_attention(size, cfg.ring_head_stride)
     if ring is not None:
         log.info("context parallel: ring groups of %d ranks (all-gather attention, head stride %d)", ring.size,
                  ring.head_stride)
 
 
-def setup_tp(cfg: Any, dist_info: DistInfo) -> None:
+def setup_tp(cfg: TrainingConfig, dist_info: DistInfo) -> None:
     """--ds_tensor_parallel_size (alias --tp_size): the ("dp", "tp") device mesh (rlhfkit.models.tensor_parallel);
     refuses the flags that do not compose with it."""
-    size = getattr(cfg, "ds_tensor_parallel_size", 1)
-    if size > 1 and getattr(cfg, "ring_attn_size", 1) > 1:
+    size = cfg.ds_tensor_parallel_size
+    if size > 1 and cfg.ring_attn_size > 1:
         raise ConfigError(f"{TP_FLAG} {size} with --ring_attn_size {cfg.ring_attn_size}: tensor and context "
                           "parallelism do not compose yet (the ring attention gathers whole key/value heads); "
                           "use one of the two")
-    if size > 1 and getattr(cfg, "lora_rank", 0) > 0:
+    if size > 1 and cfg.lora_rank > 0:
         raise ConfigError(f"{TP_FLAG} {size} with --lora_rank {cfg.lora_rank}: the LoRA adapters wrap the linear "
                           "layers that the tensor-parallel plan splits, which is not implemented; drop one of the two")
     group = setup_tensor_parallel(size, dist_info.device.type)

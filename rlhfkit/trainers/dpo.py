@@ -24,6 +24,8 @@ import torch
 from torch import nn
 
 from rlhfkit.algorithms.preference import dpo_loss
+from rlhfkit.config.commands import DPOConfig
+from rlhfkit.config.validate import need
 from rlhfkit.engine.distributed import DistInfo
 from rlhfkit.trainers.loop import OfflineMethod
 from rlhfkit.trainers.pairs import PAIR_SIDES, preference_samples
@@ -40,7 +42,7 @@ from rlhfkit.trainers.sequence_logps import (
 REF_KEYS = ("ref_chosen_logp", "ref_rejected_logp")
 
 
-def dpo_samples(cfg: Any, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
+def dpo_samples(cfg: DPOConfig, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
     samples, stats = preference_samples(cfg, tokenizer, rows)
     if cfg.ref_mode == "precompute":
         annotate_reference(cfg, samples, tokenizer.pad_token_id,
@@ -88,10 +90,11 @@ def dpo_batch_loss(model: nn.Module, batch: Batch, *, beta: float, label_smoothi
     return loss, metrics
 
 
-def dpo_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
+def dpo_method(cfg: DPOConfig, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
     ref_model = None
     if cfg.ref_mode == "live":
-        ref_model = load_frozen_causal_lm(cfg.ref_pretrain or cfg.pretrain, cfg, dist_info, offload=cfg.ref_offload)
+        ref_model = load_frozen_causal_lm(need(cfg.ref_pretrain or cfg.pretrain, "--pretrain"), cfg, dist_info,
+                                          offload=cfg.ref_offload)
     pad_id = tokenizer.pad_token_id
 
     def loss(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -103,7 +106,7 @@ def dpo_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
                          loss=loss, tokens=lambda s: len(s["chosen_ids"]) + len(s["rejected_ids"]))
 
 
-def validate_dpo(cfg: Any) -> None:
+def validate_dpo(cfg: DPOConfig) -> None:
     from rlhfkit.errors import ConfigError
 
     if cfg.beta <= 0:

@@ -19,6 +19,8 @@ from torch import nn
 from transformers import AutoConfig
 
 from rlhfkit.algorithms.supervised import distillation_loss, masked_lm_loss
+from rlhfkit.config.commands import KDConfig
+from rlhfkit.config.validate import need
 from rlhfkit.data.collate import model_inputs
 from rlhfkit.data.sft import build_sft_samples
 from rlhfkit.engine.distributed import DistInfo
@@ -67,7 +69,7 @@ def kd_batch_loss(model: nn.Module, teacher: nn.Module, batch: dict[str, Any], *
     return loss, {"nll": nll.detach(), "kd_kl": kl.detach()}
 
 
-def kd_samples(cfg: Any, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
+def kd_samples(cfg: KDConfig, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
     return build_sft_samples(rows, tokenizer, input_key=cfg.input_key, output_key=cfg.output_key,
                              input_template=cfg.input_template, apply_chat_template=cfg.apply_chat_template,
                              max_len=cfg.max_len, pretrain_mode=cfg.pretrain_mode)
@@ -82,15 +84,16 @@ def check_vocabularies(student: str, teacher: str) -> None:
                           "to share the tokenizer")
 
 
-def kd_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
-    check_vocabularies(cfg.pretrain, cfg.teacher_model)
-    teacher = load_frozen_causal_lm(cfg.teacher_model, cfg, dist_info, offload=cfg.teacher_offload)
+def kd_method(cfg: KDConfig, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
+    teacher_model = need(cfg.teacher_model, "--teacher_model")
+    check_vocabularies(need(cfg.pretrain, "--pretrain"), teacher_model)
+    teacher = load_frozen_causal_lm(teacher_model, cfg, dist_info, offload=cfg.teacher_offload)
     return OfflineMethod(name="kd", collate=collate_for(cfg, tokenizer), weight=target_count,
                          loss=lambda model, batch: kd_batch_loss(model, teacher, batch, kd_coef=cfg.kd_coef),
                          tokens=lambda s: len(s["input_ids"]))
 
 
-def validate_kd(cfg: Any) -> None:
+def validate_kd(cfg: KDConfig) -> None:
     if not cfg.teacher_model:
         raise ConfigError("--teacher_model is required for 'rlhfkit kd'")
     if not 0.0 <= cfg.kd_coef <= 1.0:

@@ -23,6 +23,8 @@ import torch
 from torch import nn
 
 from rlhfkit.algorithms.preference import kto_loss
+from rlhfkit.config.commands import KTOConfig
+from rlhfkit.config.validate import need
 from rlhfkit.data.unpaired import build_unpaired_samples
 from rlhfkit.engine.distributed import DistInfo
 from rlhfkit.trainers.loop import OfflineMethod
@@ -60,7 +62,7 @@ def attach_mismatched(samples: list[dict], seed: int, max_len: int) -> None:
         me["kl_input_ids"], me["kl_loss_mask"] = ids, mask
 
 
-def kto_samples(cfg: Any, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
+def kto_samples(cfg: KTOConfig, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
     samples, stats = build_unpaired_samples(rows, tokenizer, input_key=cfg.input_key, output_key=cfg.output_key,
                                             label_key=cfg.label_key, input_template=cfg.input_template,
                                             apply_chat_template=cfg.apply_chat_template, max_len=cfg.max_len)
@@ -109,10 +111,11 @@ def kto_batch_loss(model: nn.Module, batch: dict[str, Any], *, beta: float, desi
                   "signed_logps": (sign * logps.detach()).sum()}
 
 
-def kto_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
+def kto_method(cfg: KTOConfig, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
     ref_model = None
     if cfg.ref_mode == "live":
-        ref_model = load_frozen_causal_lm(cfg.ref_pretrain or cfg.pretrain, cfg, dist_info, offload=cfg.ref_offload)
+        ref_model = load_frozen_causal_lm(need(cfg.ref_pretrain or cfg.pretrain, "--pretrain"), cfg, dist_info,
+                                          offload=cfg.ref_offload)
     pad_id = tokenizer.pad_token_id
 
     def loss(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -124,7 +127,7 @@ def kto_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
                          loss=loss, tokens=lambda s: len(s["input_ids"]) + len(s["kl_input_ids"]))
 
 
-def validate_kto(cfg: Any) -> None:
+def validate_kto(cfg: KTOConfig) -> None:
     from rlhfkit.errors import ConfigError
 
     if cfg.beta <= 0:

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhfkit.config.validate import validate_batch_sizes
+from rlhfkit.config.commands import OfflineConfig
+from rlhfkit.config.validate import need, validate_batch_sizes
 from rlhfkit.engine.best import BestTracker, tracker_for
 from rlhfkit.engine.checkpoint import load_checkpoint, save_checkpoint, save_hf_folder
 from rlhfkit.engine.distributed import DistInfo, all_reduce_sum, barrier
@@ -59,7 +60,7 @@ class StepPlan:
     total_steps: int
 
 
-def plan_steps(cfg: Any, num_samples: int, world_size: int) -> StepPlan:
+def plan_steps(cfg: OfflineConfig, num_samples: int, world_size: int) -> StepPlan:
     """Derive accumulation and step counts; an epoch drops its last incomplete global batch (logged)."""
     accumulation = validate_batch_sizes(cfg, world_size)
     steps_per_epoch = num_samples // cfg.train_batch_size
@@ -148,7 +149,7 @@ def evaluate(engine: TrainEngine, method: OfflineMethod, samples: list[Sample], 
     return {k: float(v) / max(total_weight, 1e-12) for k, v in zip(keys, totals)}
 
 
-def train_offline(cfg: Any, dist_info: DistInfo, engine: TrainEngine, tokenizer: Any, method: OfflineMethod,
+def train_offline(cfg: OfflineConfig, dist_info: DistInfo, engine: TrainEngine, tokenizer: Any, method: OfflineMethod,
                   train_samples: list[Sample], plan: StepPlan, eval_samples: list[Sample] | None = None,
                   data_stats: dict[str, Any] | None = None, extra_config: dict[str, Any] | None = None,
                   ) -> dict[str, Any]:
@@ -167,7 +168,7 @@ def train_offline(cfg: Any, dist_info: DistInfo, engine: TrainEngine, tokenizer:
             "micro batch (per rank)": cfg.micro_train_batch_size, "accumulation steps": plan.accumulation,
             "steps per epoch": plan.steps_per_epoch, "epochs": cfg.max_epochs, "total steps": plan.total_steps,
             "tokens per step (mean)": int(tokens_per_step),
-            "precision": cfg.precision.summary() if hasattr(cfg, "precision") else cfg.param_dtype,
+            "precision": cfg.precision.summary() if cfg.precision is not None else cfg.param_dtype,
             "dropped per epoch (incomplete batch)": len(train_samples) - plan.steps_per_epoch * cfg.train_batch_size,
             **{f"data: {k}": v for k, v in (data_stats or {}).items()},
             **({f"{'tensor parallel' if tp_size() > 1 else 'ring size'} x data parallel": f"{world // dp_world} x "
@@ -186,7 +187,7 @@ def train_offline(cfg: Any, dist_info: DistInfo, engine: TrainEngine, tokenizer:
             note = record_resume(cfg.run_dir if dist_info.is_main else None, "model", state)
             log.info("resumed from step %d (epoch %d, step %d in epoch; %s)", global_step, start_epoch,
                      start_in_epoch, note)
-    metrics_log = MetricsLogger(cfg.run_dir, cfg, enabled=dist_info.is_main)
+    metrics_log = MetricsLogger(need(cfg.run_dir, "--run_dir"), cfg, enabled=dist_info.is_main)
     bar = progress_bar(plan.total_steps, global_step, dist_info.is_main, f"{cfg.command}")
     last: dict[str, Any] = {}
     if eval_samples and global_step == 0:

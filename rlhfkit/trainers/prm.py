@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 from rlhfkit.algorithms.supervised import prm_token_loss
+from rlhfkit.config.commands import PRMConfig
+from rlhfkit.config.validate import need
 from rlhfkit.data.collate import collate_packed, collate_padded, model_inputs
 from rlhfkit.data.encoding import Encoder
 from rlhfkit.data.formatting import apply_input_template
@@ -27,9 +29,10 @@ from rlhfkit.trainers.loop import OfflineMethod
 from rlhfkit.trainers.sequence_logps import model_device, to_device
 
 
-def prm_samples(cfg: Any, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
+def prm_samples(cfg: PRMConfig, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
     return build_process_samples(rows, tokenizer, input_key=cfg.input_key, label_key=cfg.label_key,
-                                 placeholder_token=cfg.placeholder_token, reward_tokens=cfg.reward_tokens,
+                                 placeholder_token=need(cfg.placeholder_token, "--placeholder_token"),
+                                 reward_tokens=cfg.reward_tokens,
                                  input_template=cfg.input_template, max_len=cfg.max_len)
 
 
@@ -62,8 +65,8 @@ def prm_batch_loss(model: nn.Module, batch: dict[str, Any], *, placeholder_token
     return loss * steps, {"accuracy": accuracy * steps}
 
 
-def prm_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
-    conv = ProcessLabels(tokenizer, cfg.placeholder_token, cfg.reward_tokens)
+def prm_method(cfg: PRMConfig, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
+    conv = ProcessLabels(tokenizer, need(cfg.placeholder_token, "--placeholder_token"), cfg.reward_tokens)
     pad_id = tokenizer.pad_token_id
     return OfflineMethod(
         name="prm", collate=lambda samples: collate_prm(samples, pad_id, cfg.packing_samples),
@@ -91,7 +94,7 @@ def prm_step_scores(model: nn.Module, tokenizer: Any, texts: Sequence[str], *, p
     return [probs[b][at[b]].cpu().tolist() for b in range(len(rows))]
 
 
-def validate_prm(cfg: Any) -> None:
+def validate_prm(cfg: PRMConfig) -> None:
     from rlhfkit.errors import ConfigError
 
     if not cfg.placeholder_token:

@@ -23,6 +23,9 @@ import torch
 from torch import nn
 
 from rlhfkit.algorithms.preference import reward_model_loss
+from rlhfkit.config.commands import RMConfig
+from rlhfkit.config.options import ModelOptions
+from rlhfkit.config.validate import need
 from rlhfkit.data.collate import is_packed, model_inputs
 from rlhfkit.data.errors import row_error
 from rlhfkit.data.formatting import get_field
@@ -38,7 +41,7 @@ from rlhfkit.trainers.sequence_logps import collate_sides, map_sharded, model_de
 log = logging.getLogger("rlhfkit")
 
 
-def rm_samples(cfg: Any, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
+def rm_samples(cfg: RMConfig, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
     """Preference pairs; with ``--margin_loss`` each pair also carries ``margin`` (``--margin_key`` of its row)."""
     if not cfg.margin_loss:
         return preference_samples(cfg, tokenizer, rows)
@@ -92,7 +95,7 @@ def rm_batch_loss(model: nn.Module, batch: dict[str, Any], *, loss_type: str = "
                   "reward_margin": (c - r).sum()}
 
 
-def rm_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
+def rm_method(cfg: RMConfig, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
     pad_id = tokenizer.pad_token_id
     return OfflineMethod(name="rm", collate=lambda samples: collate_rm(samples, pad_id, cfg.packing_samples),
                          weight=lambda s: 1.0,
@@ -100,18 +103,19 @@ def rm_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
                          tokens=lambda s: len(s["chosen_ids"]) + len(s["rejected_ids"]))
 
 
-def validate_rm(cfg: Any) -> None:
+def validate_rm(cfg: RMConfig) -> None:
     """Refuse what rm cannot do: a pairwise loss outside float32 (`pair_rewards` casts the head's values)."""
     if not cfg.compute_fp32_loss:
         raise ConfigError("--no-compute_fp32_loss: rlhfkit computes the reward-model loss in float32 always (the "
                           "head's values are cast before the pairwise loss); drop the flag")
 
 
-def load_reward_model(cfg: Any, dist_info: DistInfo) -> nn.Module:
+def load_reward_model(cfg: ModelOptions, dist_info: DistInfo) -> nn.Module:
     """The model with a ``score`` head: a reward-model checkpoint keeps its head, a causal LM gets a fresh one."""
     from rlhfkit.engine.fsdp import compute_dtype
 
-    model = load_scalar_model(cfg.pretrain, attn_implementation=cfg.attn_implementation, load_in_4bit=cfg.load_in_4bit,
+    model = load_scalar_model(need(cfg.pretrain, "--pretrain"), attn_implementation=cfg.attn_implementation,
+                              load_in_4bit=cfg.load_in_4bit,
                               compute_dtype=compute_dtype(cfg.param_dtype, dist_info.device))
     if cfg.lora_rank > 0:
         return apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.target_modules, cfg.lora_dropout)
@@ -148,7 +152,7 @@ class RewardNormalisation:
         self.train_samples = train_samples
         return {}
 
-    def after_training(self, cfg: Any, engine: TrainEngine, tokenizer: Any, result: dict[str, Any]) -> None:
+    def after_training(self, cfg: RMConfig, engine: TrainEngine, tokenizer: Any, result: dict[str, Any]) -> None:
         engine.eval()
         mean, std = reward_statistics(engine.model, self.train_samples, tokenizer.pad_token_id,
                                       cfg.micro_train_batch_size, engine.dist)

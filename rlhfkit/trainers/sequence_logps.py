@@ -18,6 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlhfkit.algorithms.preference import sequence_log_probs
+from rlhfkit.config.commands import DPOConfig, KTOConfig
+from rlhfkit.config.options import ModelOptions
+from rlhfkit.config.validate import need
 from rlhfkit.data.collate import collate_packed, collate_padded, is_packed
 from rlhfkit.engine.distributed import DistInfo, init_distributed
 from rlhfkit.engine.fsdp import shard_model
@@ -73,7 +76,7 @@ def map_sharded(samples: Sequence[Any], micro: int, fn: Callable[[list[Any]], li
     return [results[i] for i in range(len(samples))]
 
 
-def load_frozen_causal_lm(spec: str, cfg: Any, dist_info: DistInfo, offload: bool = False) -> nn.Module:
+def load_frozen_causal_lm(spec: str, cfg: ModelOptions, dist_info: DistInfo, offload: bool = False) -> nn.Module:
     """A forward-only causal LM (reference or teacher): no grads, eval mode, FSDP2-sharded like the policy."""
     model = load_causal_lm(spec, attn_implementation=cfg.attn_implementation)
     model.requires_grad_(False)
@@ -113,15 +116,15 @@ def collate_sides(samples: Sequence[dict], pad_token_id: int, sides: Sequence[tu
     return collate_packed(rows) if packed else collate_padded(rows, pad_token_id)
 
 
-def annotate_reference(cfg: Any, samples: list[dict], pad_token_id: int, sides: Sequence[tuple[str, str, str]],
-                       what: str = "reference") -> None:
+def annotate_reference(cfg: DPOConfig | KTOConfig, samples: list[dict], pad_token_id: int,
+                       sides: Sequence[tuple[str, str, str]], what: str = "reference") -> None:
     """``--ref_mode precompute``: score ``samples`` with the reference model once and store, for each side
     ``(ids_key, mask_key, out_key)``, the response log-prob sum in ``sample[out_key]``. The reference is freed after."""
     if not samples:
         return
     dist_info = init_distributed()  # idempotent: the command has initialised the group already
     began = time.perf_counter()
-    ref = load_frozen_causal_lm(cfg.ref_pretrain or cfg.pretrain, cfg, dist_info)
+    ref = load_frozen_causal_lm(need(cfg.ref_pretrain or cfg.pretrain, "--pretrain"), cfg, dist_info)
     pairs = [(ids, mask) for ids, mask, _ in sides]
 
     @torch.no_grad()

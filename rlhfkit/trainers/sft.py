@@ -5,11 +5,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from rlhfkit.config.commands import SFTConfig
+from rlhfkit.config.options import DataOptions, ModelOptions
+from rlhfkit.config.validate import need
 from rlhfkit.data.collate import collate_packed, collate_padded
 from rlhfkit.data.csft import condition_row
 from rlhfkit.data.sft import build_sft_samples
@@ -21,8 +25,8 @@ from rlhfkit.trainers.common import target_log_probs
 from rlhfkit.trainers.loop import OfflineMethod
 
 
-def sft_samples(cfg: Any, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
-    if getattr(cfg, "csft_keys", None):
+def sft_samples(cfg: SFTConfig, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
+    if cfg.csft_keys:
         rows = (condition_row(row, cfg.csft_keys, cfg.input_key, cfg.apply_chat_template) for row in rows)
     return build_sft_samples(rows, tokenizer, input_key=cfg.input_key, output_key=cfg.output_key,
                              input_template=cfg.input_template, apply_chat_template=cfg.apply_chat_template,
@@ -40,20 +44,21 @@ def sft_loss(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dic
     return -(log_probs * mask).sum(), {}
 
 
-def collate_for(cfg: Any, tokenizer: Any):
+def collate_for(cfg: DataOptions, tokenizer: Any) -> Callable[[list[dict]], dict[str, Any]]:
     pad_id = tokenizer.pad_token_id
     if cfg.packing_samples:
         return lambda samples: collate_packed(samples, pad_token_id=pad_id)
     return lambda samples: collate_padded(samples, pad_token_id=pad_id)
 
 
-def sft_method(cfg: Any, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
+def sft_method(cfg: SFTConfig, tokenizer: Any, dist_info: DistInfo) -> OfflineMethod:
     return OfflineMethod(name="sft", collate=collate_for(cfg, tokenizer), weight=target_count, loss=sft_loss,
                          tokens=lambda s: len(s["input_ids"]))
 
 
-def load_policy(cfg: Any, dist_info: DistInfo) -> nn.Module:
-    model = load_causal_lm(cfg.pretrain, attn_implementation=cfg.attn_implementation, load_in_4bit=cfg.load_in_4bit,
+def load_policy(cfg: ModelOptions, dist_info: DistInfo) -> nn.Module:
+    model = load_causal_lm(need(cfg.pretrain, "--pretrain"), attn_implementation=cfg.attn_implementation,
+                           load_in_4bit=cfg.load_in_4bit,
                            compute_dtype=compute_dtype(cfg.param_dtype, dist_info.device))
     if cfg.lora_rank > 0:
         return apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.target_modules, cfg.lora_dropout)

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rlhfkit.config.commands import PPOConfig, SFTConfig
 from rlhfkit.engine import precision
 from rlhfkit.engine.fsdp import compute_dtype
 
@@ -64,16 +65,18 @@ def test_an_explicit_dtype_is_kept(unpinned, monkeypatch):
 
 def test_apply_resolves_both_flags_and_warns_once_with_the_measured_slowdown(unpinned, monkeypatch, caplog):
     fake_machine(monkeypatch, AVX2, fp32=170.0, bf16=1.7)
-    cfg = SimpleNamespace(param_dtype="auto", vllm_dtype="auto")
+    cfg = PPOConfig(param_dtype="auto", vllm_dtype="auto")  # --vllm_dtype is ppo's
     with caplog.at_level(logging.WARNING, logger="rlhfkit"):
         choice = precision.apply_precision(cfg, "cpu")
     assert (cfg.param_dtype, cfg.vllm_dtype, cfg.precision) == ("fp32", "fp32", choice)
     assert not caplog.records  # auto never warns
-    cfg = SimpleNamespace(param_dtype="fp32", vllm_dtype="bf16")
+    cfg = PPOConfig(param_dtype="fp32", vllm_dtype="bf16")
     with caplog.at_level(logging.WARNING, logger="rlhfkit"):
         precision.apply_precision(cfg, "cpu")
     (record,) = caplog.records
     assert "--vllm_dtype bf16" in record.getMessage() and "100x slower" in record.getMessage()  # 170 / 1.7
+    sft = SFTConfig(param_dtype="auto")  # a command without engines: only --param_dtype
+    assert precision.apply_precision(sft, "cpu") == choice and sft.param_dtype == "fp32" and sft.precision == choice
 
 
 def test_the_real_probe_measures_both_dtypes_on_this_cpu():
@@ -194,7 +197,7 @@ def test_the_ray_driver_never_creates_a_cuda_context(unpinned, monkeypatch):
     for name in ("is_bf16_supported", "get_device_capability", "get_device_name", "synchronize"):
         monkeypatch.setattr(torch.cuda, name, no_cuda)
     monkeypatch.setattr(precision, "measure_matmul_gflops", no_cuda)
-    cfg = SimpleNamespace(param_dtype="auto", vllm_dtype="auto")
+    cfg = PPOConfig(param_dtype="auto", vllm_dtype="auto")  # --vllm_dtype is ppo's
     choice = precision.apply_precision(cfg, "cuda", touch_device=False)
     assert (cfg.param_dtype, cfg.vllm_dtype, choice.reason) == ("bf16", "bf16", "auto: bf16 on GPUs")
     with pytest.raises(AssertionError, match="touched CUDA"):  # a training rank does look at its own GPU

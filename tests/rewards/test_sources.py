@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -11,7 +9,13 @@ from rlhfkit.rewards import sources
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rewards.remote import RemoteRewardClient
 from rlhfkit.rewards.reward_func import RewardFuncSource
-from rlhfkit.rewards.sources import CombinedSource, build_reward_source, combine, reward_source_from_config
+from rlhfkit.rewards.sources import (
+    CombinedSource,
+    RewardSpec,
+    build_reward_source,
+    combine,
+    reward_source_from_config,
+)
 
 
 class FakeModel:
@@ -70,18 +74,18 @@ def test_combine_rules_and_errors():
 
 
 def test_from_config(fake_models):
-    cfg = SimpleNamespace(reward_pretrain="m1,m2", remote_rm_url=None, reward_combine="sum", max_len=64,
-                          micro_rollout_batch_size=4, normalize_reward=True)
+    cfg = RewardSpec(reward_pretrain="m1,m2", remote_rm_url=None, reward_combine="sum", max_len=64,
+                     micro_rollout_batch_size=4, normalize_reward=True)
     src = reward_source_from_config(cfg)
     assert [s.name for s in src.sources] == ["rm:m1", "rm:m2"] and src.rule == "sum"
     assert src.sources[0].kwargs == {"normalize_reward": True, "max_len": 64, "micro_batch_size": 4}
-    single = reward_source_from_config(SimpleNamespace(remote_rm_url="builtin:format", reward_timeout=3))
+    single = reward_source_from_config(RewardSpec(remote_rm_url="builtin:format", reward_timeout=3))
     assert single.name == "builtin:format" and single.timeout == 3
 
 
 def test_from_config_passes_the_remote_and_model_settings():
-    cfg = SimpleNamespace(remote_rm_url="http://127.0.0.1:1", remote_rm_timeout=7, remote_rm_retries=5,
-                          remote_rm_backoff=0.5, remote_rm_token="secret")
+    cfg = RewardSpec(remote_rm_url="http://127.0.0.1:1", remote_rm_timeout=7, remote_rm_retries=5,
+                     remote_rm_backoff=0.5, remote_rm_token="secret")
     client = reward_source_from_config(cfg)
     assert isinstance(client, RemoteRewardClient)
     assert (client.timeout, client.retries, client.backoff, client.token) == (7.0, 5, 0.5, "secret")
@@ -89,10 +93,10 @@ def test_from_config_passes_the_remote_and_model_settings():
 
 
 def test_from_config_micro_batch_size_argument_wins(fake_models):
-    cfg = SimpleNamespace(reward_pretrain="m", micro_rollout_batch_size=16)
+    cfg = RewardSpec(reward_pretrain="m", micro_rollout_batch_size=16)
     assert reward_source_from_config(cfg).kwargs["micro_batch_size"] == 16
     assert reward_source_from_config(cfg, micro_batch_size=2).kwargs["micro_batch_size"] == 2
-    assert reward_source_from_config(SimpleNamespace(reward_pretrain="m")).kwargs == {
+    assert reward_source_from_config(RewardSpec(reward_pretrain="m")).kwargs == {
         "normalize_reward": False, "max_len": 2048, "micro_batch_size": 8}
 
 
