@@ -259,10 +259,9 @@ def _validate_colocation(cfg: Any, plan: RLPlan) -> None:
                               f"--{b}_num_nodes {plan.nodes(a)} --{b}_num_gpus_per_node {plan.ranks_per_node(a)}")
 
 
-def load_prompts(cfg: Any, tokenizer: Any, spec: str, split: str, probs: str | None = None,
-                 vision: VisionInputs | None = None) -> list[dict]:
+def load_prompts(cfg: Any, tokenizer: Any, spec: str, split: str, probs: str | None = None) -> list[dict]:
     rows = blend_datasets(spec, probs, split=split, seed=cfg.seed, max_samples=cfg.max_samples)
-    images = image_column(cfg, spec, vision.processor) if vision is not None else None
+    images = image_column(cfg, spec) if cfg.image_key else None  # --image_key: rl/vision_batch.py
     samples, stats = build_prompt_samples(rows, tokenizer, input_key=cfg.input_key, label_key=cfg.label_key,
                                           input_template=cfg.input_template,
                                           apply_chat_template=cfg.apply_chat_template,
@@ -476,9 +475,8 @@ def build_setup(cfg: Any, engines: list[Any] | None = None, best: Any = None) ->
         tokenizer.chat_template = cfg.tokenizer_chat_template
     check_vision_model(cfg)
     vision = VisionInputs.load(cfg.pretrain) if cfg.image_key else None
-    prompts = load_prompts(cfg, tokenizer, cfg.prompt_data, cfg.prompt_split, cfg.prompt_data_probs, vision)
-    eval_prompts = load_prompts(cfg, tokenizer, cfg.eval_dataset, cfg.eval_split, vision=vision) \
-        if cfg.eval_dataset else []
+    prompts = load_prompts(cfg, tokenizer, cfg.prompt_data, cfg.prompt_split, cfg.prompt_data_probs)
+    eval_prompts = load_prompts(cfg, tokenizer, cfg.eval_dataset, cfg.eval_split) if cfg.eval_dataset else []
     ptx = load_ptx(cfg, tokenizer)
     steps_per_episode = len(prompts) // cfg.rollout_batch_size
     if steps_per_episode == 0:

@@ -83,16 +83,18 @@ def check_vision_model(cfg: Any) -> None:
                           "(its config.json has no vision_config); give a vision-language folder or drop --image_key")
 
 
-def image_column(cfg: Any, spec: str, processor: Any) -> Any:
-    """The `ImageColumn` of a prompt data spec (relative image paths resolved against a single file's folder)."""
+def image_column(cfg: Any, spec: str) -> Any:
+    """The `ImageColumn` of a prompt data spec (relative image paths resolved against a single file's folder; the
+    placeholder is the --pretrain processor's)."""
     from rlhfkit.data.prompts import ImageColumn
-    from rlhfkit.models.vision import image_placeholder
+    from rlhfkit.models.vision import image_placeholder, load_processor
 
     base = None
     if "," not in spec:
         base = os.path.dirname(os.path.abspath(spec)) if os.path.isfile(spec) else spec if os.path.isdir(spec) \
             else None
-    return ImageColumn(cfg.image_key, cfg.max_images_per_prompt, image_placeholder(processor), base, spec)
+    placeholder = image_placeholder(load_processor(cfg.pretrain))
+    return ImageColumn(cfg.image_key, cfg.max_images_per_prompt, placeholder, base, spec)
 
 
 @dataclass

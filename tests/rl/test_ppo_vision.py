@@ -51,6 +51,7 @@ def test_grpo_on_images_runs_stays_on_policy_and_keeps_the_frozen_tower(tiny_vlm
 
     data = write_image_prompts(tmp_path)
     rows = run(tiny_vlm_dir, str(data), tmp_path, vlm_engine, input_key="prompt", image_key="image",
+               freeze_vision_tower=True,
                n_samples_per_prompt=4, rollout_batch_size=2, train_batch_size=8, micro_train_batch_size=4,
                micro_rollout_batch_size=4, generate_max_len=6, sync_logprob_tolerance=1e-3)
     assert len(series(rows, "rollout/reward_mean")) == 2
