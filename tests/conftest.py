@@ -130,3 +130,34 @@ def rollout_hf_engine(ray_cluster, tiny_model_dir):
     [engine] = create_hf_engines(1, tiny_model_dir, dtype="float32", num_cpus_per_engine=0.5)
     yield engine
     ray_cluster.kill(engine)
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory) -> str:
+    """A tiny random Idefics3 vision-language model + processor (rlhfkit/models/tiny_vlm.py)."""
+    from rlhfkit.models.tiny_vlm import build_tiny_vlm
+
+    return build_tiny_vlm(str(tmp_path_factory.mktemp("tiny_vlm")))
+
+
+@pytest.fixture(scope="session")
+def vlm_engine_session(ray_cluster, tiny_vlm_dir):
+    """The session's one vLLM engine on the tiny VLM (fp32, 256 tokens of context)."""
+    from rlhfkit.rollout.vllm_engine import create_vllm_engines
+
+    start = time.perf_counter()
+    [engine] = create_vllm_engines(1, tiny_vlm_dir, max_model_len=256, cpu_kv_cache_bytes=16 * 2**20,
+                                   dtype="float32", num_cpus_per_engine=0.5)
+    print(f"\n[rollout] vLLM VLM engine actor ready in {time.perf_counter() - start:.1f} s")
+    yield engine
+    ray_cluster.kill(engine)
+
+
+@pytest.fixture
+def vlm_engine(vlm_engine_session, tiny_vlm_dir):
+    """The session's VLM engine holding the tiny VLM's original weights (vision tower included) at the start."""
+    from rlhfkit.models.vision import load_vlm
+    from rlhfkit.rollout.weight_sync import named_weights_for_sync, sync_weights
+
+    sync_weights([vlm_engine_session], list(named_weights_for_sync(load_vlm(tiny_vlm_dir))))
+    return vlm_engine_session

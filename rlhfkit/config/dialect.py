@@ -59,8 +59,6 @@ NO_COMMAND = {"interactive_chat": "rlhfkit has no interactive chat command: samp
                                   "or load the saved HF folder in vLLM or transformers"}
 
 PPO_LOGGING = "ppo logs every step (one rollout per step); drop the flag (1 is accepted)"
-_VLM = ("vision-language models are not supported by ppo yet (text-only data; the model, rollout and sync parts "
-        "exist: docs/multimodal.md)")
 _OFFLOAD_ROLE = "rlhfkit offloads the reference and reward models together: use --ref_reward_offload"
 
 # OpenRLHF 0.11's dotted names shared by its CLIs (train_sft, train_rm, train_dpo, train_ppo_ray, serve_rm, ...).
@@ -140,8 +138,8 @@ PPO: dict[str, Target] = {
     "data.max_len": BUDGET, "data.prompt_dataset": "prompt_data", "data.prompt_probs": "prompt_data_probs",
     "data.prompt_split": "prompt_split", "eval.temperature": "eval_temperature",
     "eval.n_samples_per_prompt": "eval_n_samples_per_prompt",
-    "data.image_key": Refused(_VLM), "data.max_images_per_prompt": Only(0, _VLM),
-    "actor.freeze_visual_encoder": Refused(_VLM),
+    "data.image_key": "image_key", "data.max_images_per_prompt": "max_images_per_prompt",
+    "actor.freeze_visual_encoder": "freeze_vision_tower",
     "actor.model_name_or_path": "pretrain", "critic.model_name_or_path": "critic_pretrain",
     "reward.remote_url": "remote_rm_url", "reward.clip_range": "reward_clip_range",
     "reward.overlong_buffer_len": "overlong_buffer_len", "reward.overlong_penalty_factor": "overlong_penalty_factor",

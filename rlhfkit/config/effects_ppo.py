@@ -23,6 +23,9 @@ PENALTIES = f"{_RECENT}::test_length_penalties_seq_mask_tis_adaptive_and_unbiase
 GAMMA_REFUSED = f"{_RECENT}::test_gamma_is_refused_for_group_estimators"
 REFUSED = f"{_RECENT}::test_refused_values_of_the_recent_flags"
 _UNIT = "tests/algorithms/test_recent_methods.py"
+_VISION = "tests/rl/test_vision_batch.py"
+VISION_E2E = "tests/rl/test_ppo_vision.py::test_grpo_on_images_runs_stays_on_policy_and_keeps_the_frozen_tower"
+VISION_DATA = f"{_VISION}::test_image_prompts_load_and_a_bad_row_is_an_error_naming_the_file_row_and_key"
 
 PPO_EFFECTS: dict[str, Effect] = {
     "ppo:debug_dump_steps": Tested(
@@ -120,4 +123,16 @@ PPO_EFFECTS: dict[str, Effect] = {
                      "transformers, not the policy's"),
     "ppo:critic_pretrain": Tested(
         (GAE,), "the values are the given scalar model's head at each response position, computed with transformers"),
+    "ppo:image_key": Tested(
+        (VISION_E2E, VISION_DATA, f"{_VISION}::test_image_key_needs_a_vision_language_model"),
+        "prompts carry their images (paths, base64) and one placeholder each; the engine samples with them and the "
+        "trainer's log-probs with the processor's pixel tensors equal the engine's (< 1e-4); a bad image names the "
+        "file, row and key; a text-only --pretrain is refused"),
+    "ppo:max_images_per_prompt": Tested(
+        (VISION_DATA,), "1: a row with 2 images is an error naming the file and the row"),
+    "ppo:freeze_vision_tower": Tested(
+        (VISION_E2E, f"{_VISION}::test_image_key_needs_a_vision_language_model",
+         "tests/models/test_vision.py::test_frozen_vision_tower_does_not_train_and_is_not_sent"),
+        "on: the saved policy's vision tower equals the initial one while the connector and text layers moved, "
+        "and the sync leaves it out; --no-freeze_vision_tower syncs it"),
 }

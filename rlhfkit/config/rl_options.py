@@ -242,6 +242,19 @@ class PromptDataOptions:
                                                 "(formatted like the prompts); unset: loss on every token")
 
 
+@dataclass
+class VisionOptions:
+    """Vision-language models (docs/multimodal.md)"""
+
+    image_key: str | None = opt(None, "key of the prompt rows' images (a path, base64 string or data URL, or a list "
+                                      "of them); unset: text-only prompts. The model folder must be a "
+                                      "vision-language model (AutoModelForImageTextToText)")
+    max_images_per_prompt: int = opt(1, "most images one prompt row may hold (a row with more is an error naming it)")
+    freeze_vision_tower: bool = opt(True, "a vision-language actor's vision encoder does not train and is not sent "
+                                          "at weight sync (the engines keep theirs); --no-freeze_vision_tower "
+                                          "trains and syncs it too")
+
+
 RL_GROUPS: list[type] = [PlacementOptions, RolloutOptions, RLAlgorithmOptions, RewardOptions, RemoteRewardOptions,
-                         PromptDataOptions, ModelOptions, TrainOptions, RoleOptimOptions, CheckpointOptions,
-                         LoggingOptions]
+                         PromptDataOptions, VisionOptions, ModelOptions, TrainOptions, RoleOptimOptions,
+                         CheckpointOptions, LoggingOptions]

@@ -28,6 +28,8 @@ class Experience:
     scores: torch.Tensor | None = None         # [B] task score (filtering, pass@k)
     advantages: torch.Tensor | None = None     # [B, R]
     returns: torch.Tensor | None = None        # [B, R]
+    pixel_values: torch.Tensor | None = None   # [B, N, C, H, W] images of the row's prompt (rl/vision_batch.py)
+    pixel_attention_mask: torch.Tensor | None = None  # [B, N, H, W]
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -100,7 +102,9 @@ def trim_padding(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     keep = max(1, used)
     out = {}
     for key, value in batch.items():
-        if value.dim() >= 2 and value.shape[1] == seq_width:
+        if key.startswith("pixel_"):  # per-row images ([B, N, ...]): nothing to cut
+            out[key] = value
+        elif value.dim() >= 2 and value.shape[1] == seq_width:
             out[key] = value[:, left:prompt_width + keep]
         elif value.dim() >= 2 and value.shape[1] == resp_width:
             out[key] = value[:, :keep]

@@ -87,7 +87,11 @@ def generate_and_score(engines: list[Any], prompts: list[dict[str, Any]], sampli
     sampling = sampling.shifted(seed_offset) if sampling.seed is not None else sampling
     if agent is not None:
         return _agent_rollout(engines, prompts, sampling, agent, tokenizer, timer, phases)
-    samples = (generate or generate_on_engines)(engines, [p["prompt_ids"] for p in prompts], sampling)
+    prompt_ids = [p["prompt_ids"] for p in prompts]
+    if any("images" in p for p in prompts):  # --image_key: the engines expand the placeholders (rl/vision_batch.py)
+        samples = generate_on_engines(engines, prompt_ids, sampling, [p.get("images") or [] for p in prompts])
+    else:
+        samples = (generate or generate_on_engines)(engines, prompt_ids, sampling)
     timer.add("generation", began)
     if phases is not None:
         phases.after_generation()
@@ -170,7 +174,11 @@ def apply_length_penalties(rollout: Rollout, exp: Experience, cfg: Any) -> dict[
 
 
 def model_batch(exp: Experience) -> dict[str, torch.Tensor]:
-    return {"sequences": exp.sequences, "attention_mask": exp.attention_mask, "action_mask": exp.action_mask}
+    batch = {"sequences": exp.sequences, "attention_mask": exp.attention_mask, "action_mask": exp.action_mask}
+    for key in ("pixel_values", "pixel_attention_mask"):  # --image_key: the rows' images
+        if getattr(exp, key) is not None:
+            batch[key] = getattr(exp, key)
+    return batch
 
 
 def old_log_probs_from_training_pass(cfg: Any, rows: int, has_ref: bool) -> bool:

@@ -51,6 +51,7 @@ from rlhfkit.rl.make_experience import (
     to_experience,
 )
 from rlhfkit.rl.setup import RLSetup, build_setup, push_actor_weights, save_final
+from rlhfkit.rl.vision_batch import attach_pixels
 from rlhfkit.rollout.types import SamplingConfig
 
 log = logging.getLogger("rlhfkit")
@@ -316,6 +317,8 @@ def _loop(s: RLSetup) -> dict[str, float]:
         ahead, waited = queue.take(step, faults) if queue is not None else (None, 0.0)
         rollout, filter_metrics, timer = ahead or collect(faults)
         exp = to_experience(rollout, s.tokenizer.pad_token_id)
+        if getattr(s, "vision", None) is not None:  # --image_key: the rows' pixel tensors
+            attach_pixels(exp, rollout, s.vision)
         raw_rewards = exp.rewards
         penalty_metrics = apply_length_penalties(rollout, exp, cfg)  # before the advantages
         metrics = {**filter_metrics, **rollout_metrics(rollout, exp), **penalty_metrics}

@@ -40,6 +40,7 @@ from rlhfkit.rl.make_experience import PromptStream
 from rlhfkit.rl.reward_group import RolloutRewards, model_specs, text_sources
 from rlhfkit.rl.ring import validate_ring
 from rlhfkit.rl.sync_check import SyncCheck
+from rlhfkit.rl.vision_batch import VisionInputs, check_vision_model, image_column, validate_vision
 from rlhfkit.rl.weight_push import push_actor_weights
 from rlhfkit.rollout.remote import call_all, set_remote_call_timeout, wait_remote
 
@@ -75,6 +76,7 @@ class RLSetup:
     plan: RLPlan | None = None                                # the facts derived from the flags (config/plan.py)
     engine_factory: Any = None                                # (indices) -> new engines k (restarts; own engines)
     best: Any = None                                          # --best_metric_key: rlhfkit.engine.best.BestTracker
+    vision: VisionInputs | None = None                        # --image_key: the processor (rl/vision_batch.py)
 
     @property
     def groups(self) -> list[ModelGroup]:
@@ -145,6 +147,7 @@ def validate_rl(cfg: Any) -> None:
         if (blocker := adapter_sync_blocker(cfg)) is not None:
             raise ConfigError(f"--lora_sync adapter cannot work here: {blocker}. Use --lora_sync merged (or auto)")
     plan = resolve_plan(cfg)
+    validate_vision(cfg, plan.needs_critic)
     validate_ring(cfg, {role: plan.world(role) for role, used in (("actor", True), ("ref", plan.needs_ref),
                                                                   ("critic", plan.needs_critic)) if used})
     trained = ("actor", "critic") if plan.needs_critic else ("actor",)
@@ -258,10 +261,11 @@ def _validate_colocation(cfg: Any, plan: RLPlan) -> None:
 
 def load_prompts(cfg: Any, tokenizer: Any, spec: str, split: str, probs: str | None = None) -> list[dict]:
     rows = blend_datasets(spec, probs, split=split, seed=cfg.seed, max_samples=cfg.max_samples)
+    images = image_column(cfg, spec) if cfg.image_key else None  # --image_key: rl/vision_batch.py
     samples, stats = build_prompt_samples(rows, tokenizer, input_key=cfg.input_key, label_key=cfg.label_key,
                                           input_template=cfg.input_template,
                                           apply_chat_template=cfg.apply_chat_template,
-                                          prompt_max_len=cfg.prompt_max_len)
+                                          prompt_max_len=cfg.prompt_max_len, images=images)
     log.info("prompts from %s: %s", spec, stats)
     if not samples:
         raise ConfigError(f"no usable prompts in {spec} (stats {stats}): check --input_key and --prompt_max_len")
@@ -469,6 +473,8 @@ def build_setup(cfg: Any, engines: list[Any] | None = None, best: Any = None) ->
     tokenizer = load_tokenizer(cfg.pretrain, use_fast=not cfg.disable_fast_tokenizer)
     if cfg.tokenizer_chat_template:
         tokenizer.chat_template = cfg.tokenizer_chat_template
+    check_vision_model(cfg)
+    vision = VisionInputs.load(cfg.pretrain) if cfg.image_key else None
     prompts = load_prompts(cfg, tokenizer, cfg.prompt_data, cfg.prompt_split, cfg.prompt_data_probs)
     eval_prompts = load_prompts(cfg, tokenizer, cfg.eval_dataset, cfg.eval_split) if cfg.eval_dataset else []
     ptx = load_ptx(cfg, tokenizer)
@@ -496,7 +502,7 @@ def build_setup(cfg: Any, engines: list[Any] | None = None, best: Any = None) ->
         resolve_run_lora_sync(cfg, engines)
         if not owns_engines:  # reused engines start from this run's initial weights
             push_actor_weights(actor, engines, cfg)
-        sync_check = SyncCheck.from_run(prompts, cfg)
+        sync_check = SyncCheck.from_run(vision.probe_prompts(prompts) if vision else prompts, cfg)
         sync_check.check(actor, engines, "start (engines loaded from --pretrain)" if owns_engines
                          else "start (this run's weights pushed into the given engines)")
         reward_fn = None if agent else build_rewards(cfg, tokenizer, reward_groups, reward_specs)
@@ -510,7 +516,7 @@ def build_setup(cfg: Any, engines: list[Any] | None = None, best: Any = None) ->
     s = RLSetup(cfg, tokenizer, prompts, eval_prompts, actor, ref, critic, engines, reward_fn, stop_ids, total_steps,
                 owns_ray=owns_ray, owns_engines=owns_engines, rewards=reward_groups, ptx=ptx,
                 placement_groups=placement.owned, agent=agent, flops=flops, sync_check=sync_check)
-    s.plan, s.best = plan, best
+    s.plan, s.best, s.vision = plan, best, vision
     s.phases = Phases.from_config(cfg, engines, [actor, critic], has_gpus)
     if owns_engines:  # engines the run created can be restarted after a fault (--max_engine_restarts)
         s.engine_factory = partial(_engines, cfg, cfg.pretrain, placement)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlhfkit.rl.group import ModelGroup
+from rlhfkit.rl.vision_batch import keeps_vision_tower
 from rlhfkit.rollout.types import SyncStats
 from rlhfkit.rollout.weight_sync import sync_weights
 
@@ -33,6 +34,7 @@ def push_actor_weights(actor: ModelGroup, engines: list[Any], cfg: Any) -> SyncS
     if backend == "ray":
         state = next(sd for sd in actor.call("state_dict_for_sync", adapter) if sd is not None)
         lora_config = actor.call("lora_config")[0] if adapter else None
-        return sync_weights(engines, state.items(), bucket_bytes=bucket_bytes, lora_config=lora_config)
+        return sync_weights(engines, state.items(), bucket_bytes=bucket_bytes, lora_config=lora_config,
+                            keep_vision_tower=keeps_vision_tower(cfg))
     actor.call("join_weight_group", engines, backend)  # builds the group on the first sync, then reuses it
     return next(stats for stats in actor.call("broadcast_weights", bucket_bytes, adapter) if stats is not None)

@@ -43,6 +43,7 @@ from rlhfkit.rl.packing import (
     packed_scalar_outputs,
 )
 from rlhfkit.rl.ring import ring_packed_log_probs, ring_response_log_probs, setup_worker_ring
+from rlhfkit.rl.vision_batch import is_vision_language, keeps_vision_tower, load_vlm_for_role, pixel_inputs
 from rlhfkit.rollout.types import SyncStats
 
 
@@ -123,8 +124,11 @@ class ModelWorker:
                                   "LoRA adapters on them (QLoRA)")
             from rlhfkit.engine.fsdp import compute_dtype
 
-            model = load_causal_lm(pretrain, attn_implementation=attn, load_in_4bit=quantized,
-                                   compute_dtype=compute_dtype(self.cfg.param_dtype, self.dist.device))
+            if is_vision_language(pretrain):  # --image_key runs (rl/vision_batch.py)
+                model = load_vlm_for_role(pretrain, attn, trainable, self.cfg)
+            else:
+                model = load_causal_lm(pretrain, attn_implementation=attn, load_in_4bit=quantized,
+                                       compute_dtype=compute_dtype(self.cfg.param_dtype, self.dist.device))
         if reward_model and getattr(self.cfg, "normalize_reward", False):
             from rlhfkit.rewards.reward_model import reward_stats
 
@@ -230,7 +234,7 @@ class ModelWorker:
                                              mask_dtype=self._mask_dtype(), with_entropy=with_entropy)
         # Only the positions that predict response tokens need the (vocab-sized) LM head.
         logits = self.model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask),
-                            logits_to_keep=width + 1).logits
+                            logits_to_keep=width + 1, **pixel_inputs(mb)).logits
         logits = logits[:, :-1].float() / self.cfg.temperature
         log_probs = log_probs_from_logits(logits, seq[:, -width:])
         entropy = entropy_from_logits(logits.detach()) if with_entropy else None
@@ -453,10 +457,19 @@ class ModelWorker:
     def state_dict_for_sync(self, adapter: bool = False) -> dict[str, torch.Tensor] | None:
         """Full (unsharded) parameters on CPU, tied ones once (what the broadcast sends too), or with `adapter` only
         the LoRA A/B tensors (--lora_sync adapter); collective, rank 0 returns them, other ranks None."""
-        named = _weights_for_engines(self.model, self._engine_dtype(), adapter)
+        named = self._engine_weights(adapter)
         if self.dist.rank != 0:
             return _drain(named)
         return {name: tensor.cpu() for name, tensor in named}
+
+    def _engine_weights(self, adapter: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        """`_weights_for_engines`, without a frozen vision tower (--freeze_vision_tower: the engines keep theirs)."""
+        named = _weights_for_engines(self.model, self._engine_dtype(), adapter)
+        if keeps_vision_tower(self.cfg):
+            from rlhfkit.models.vision import without_vision_tower
+
+            return without_vision_tower(named)
+        return named
 
     def join_weight_group(self, engines: list[Any], backend: str) -> bool:
         """Rank 0 builds the broadcast weight group with `engines` (Ray actor handles), once: a call with the same
@@ -477,11 +490,12 @@ class ModelWorker:
         """Collective: every rank gathers the full parameters one at a time (FSDP2 all-gather); rank 0 broadcasts
         them to the engines over the weight group (`join_weight_group` first) and returns the `SyncStats`. With
         `adapter` only the LoRA A/B tensors travel (--lora_sync adapter)."""
-        named = _weights_for_engines(self.model, self._engine_dtype(), adapter)
+        named = self._engine_weights(adapter)
         if self.dist.rank != 0:
             return _drain(named)
         try:
-            return self.weight_sender.sync(named, bucket_bytes, lora_config=self.lora_config() if adapter else None)
+            return self.weight_sender.sync(named, bucket_bytes, lora_config=self.lora_config() if adapter else None,
+                                           keep_vision_tower=keeps_vision_tower(self.cfg))
         except BaseException:  # an engine fault: finish the gathers, so the other ranks are not left in a collective
             _drain(named)
             raise
@@ -517,6 +531,10 @@ class ModelWorker:
         ema = self.engine.ema if self.engine is not None else None
         save_hf_folder(self.model, load_tokenizer(tokenizer_spec), out_dir, extra_config,
                        weights=ema.full_state() if ema is not None else None)
+        if self.dist.rank == 0 and is_vision_language(tokenizer_spec):  # the image processor beside the weights
+            from rlhfkit.models.vision import load_processor
+
+            load_processor(tokenizer_spec).save_pretrained(out_dir)
 
 
 def _pad_to(values: torch.Tensor, width: int) -> torch.Tensor:

@@ -23,20 +23,23 @@ def shard_bounds(num_items: int, num_shards: int) -> list[tuple[int, int]]:
 
 
 def generate_on_engines(
-    engines: Sequence[Any], prompt_ids: list[list[int]], sampling: SamplingConfig
+    engines: Sequence[Any], prompt_ids: list[list[int]], sampling: SamplingConfig,
+    images: list[list[Any]] | None = None,
 ) -> list[RolloutSample]:
     """Generate on Ray engine actors: contiguous prompt shards, one per engine, run concurrently.
 
     Returns `len(prompt_ids) * sampling.n` samples ordered by (prompt, sample), with `prompt_index` relative to
     `prompt_ids`. Seeds follow the global prompt index, so the samples do not depend on the number of engines.
     Waits with the deadline (`--remote_call_timeout`): a dead or hung engine raises an error naming it
-    (`rlhfkit.rollout.remote`).
+    (`rlhfkit.rollout.remote`). `images[i]`: prompt i's PIL images (vLLM engines; its ids hold one placeholder
+    per image, and the samples' `prompt_ids` come back expanded).
     """
     refs, offsets, used = [], [], []
     for k, (engine, (start, end)) in enumerate(zip(engines, shard_bounds(len(prompt_ids), len(engines)))):
         if start == end:
             continue
-        refs.append(engine.generate.remote(prompt_ids[start:end], sampling.shifted(start)))
+        extra = () if images is None else (images[start:end],)
+        refs.append(engine.generate.remote(prompt_ids[start:end], sampling.shifted(start), *extra))
         offsets.append(start)
         used.append(k)
     results: list[RolloutSample] = []

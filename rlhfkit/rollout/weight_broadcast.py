@@ -226,14 +226,16 @@ class WeightBroadcaster:
                 raise RuntimeError(f"engines {ranks} returned from join_weight_group before the group was built")
 
     def sync(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
-             bucket_bytes: int = DEFAULT_BUCKET_BYTES, lora_config: dict[str, Any] | None = None) -> SyncStats:
+             bucket_bytes: int = DEFAULT_BUCKET_BYTES, lora_config: dict[str, Any] | None = None,
+             keep_vision_tower: bool = False) -> SyncStats:
         """Replace every engine's weights in place with `named_tensors` (full HF-named tensors, consumed lazily,
         one bucket at a time); returns the same `SyncStats` as the Ray transport. With `lora_config` the tensors
-        are a LoRA adapter's, served as a new adapter on the engines' base (`rlhfkit.rollout.lora_sync`)."""
+        are a LoRA adapter's, served as a new adapter on the engines' base (`rlhfkit.rollout.lora_sync`).
+        `keep_vision_tower`: the tensors leave out a frozen vision tower, which the engines keep."""
         if self.group is None:
             raise RuntimeError("WeightBroadcaster.sync after close(): create a new WeightBroadcaster")
         start = time.perf_counter()
-        begin_update(self.engines, lora_config, self.timeout_s)
+        begin_update(self.engines, lora_config, self.timeout_s, keep_vision_tower=keep_vision_tower)
         total_bytes = buckets = tensors = 0
         for bucket in iter_buckets(named_tensors, bucket_bytes, device=self.device):
             self._send(bucket)

@@ -59,20 +59,19 @@ def sync_weights(
     one sync and closes it (see `WeightBroadcaster` to keep one). With `lora_config` (a peft adapter config)
     `named_tensors` are a LoRA adapter's A/B tensors and the engines serve them as a new adapter on their unchanged
     base (`rlhfkit.rollout.lora_sync`). `keep_vision_tower`: `named_tensors` leave out a frozen vision tower
-    (`rlhfkit.models.vision.without_vision_tower`), which the engines keep (ray transport only so far).
+    (`rlhfkit.models.vision.without_vision_tower`), which the engines keep.
     """
     import ray
 
     if transport not in TRANSPORTS:
         raise ValueError(f"unknown weight sync transport {transport!r}; expected one of {TRANSPORTS}")
     if transport != "ray":
-        if keep_vision_tower:
-            raise ValueError("keep_vision_tower (a frozen vision tower left out of the sync) needs transport 'ray'")
         from rlhfkit.rollout.weight_broadcast import WeightBroadcaster
 
         sender = WeightBroadcaster(engines, transport)
         try:
-            return sender.sync(named_tensors, bucket_bytes, lora_config=lora_config)
+            return sender.sync(named_tensors, bucket_bytes, lora_config=lora_config,
+                               keep_vision_tower=keep_vision_tower)
         finally:
             sender.close()
     start = time.perf_counter()

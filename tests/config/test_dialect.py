@@ -138,7 +138,6 @@ def test_nested_and_dotted_yaml_equal_flat_yaml(tmp_path):
                                              "ppo logs every step"),
     ("ppo", ["--ds.deepcompile"], "--ds.deepcompile (rlhfkit's --deepcompile) is not supported: DeepSpeed's "
                                   "compiler is not used"),
-    ("ppo", ["--data.image_key", "img"], "vision-language models are not supported"),
 ])
 def test_a_refused_dotted_flag_names_itself_and_the_reason(command, argv, message, tmp_path):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -148,6 +147,20 @@ def test_a_refused_dotted_flag_names_itself_and_the_reason(command, argv, messag
     config.write_text(f"{key[2:]}: {value[0] if value else 'true'}\n")
     with pytest.raises(ConfigError, match=re.escape(str(config))):
         parse_config(command, groups(command), ["--config", str(config)])
+
+
+def test_the_vision_flags_in_both_dialects():
+    """OpenRLHF's --data.image_key, --data.max_images_per_prompt and --actor.freeze_visual_encoder are rlhfkit's
+    --image_key, --max_images_per_prompt and --freeze_vision_tower (on by default; --no-freeze_vision_tower)."""
+    base = ["--pretrain", "m", "--prompt_data", "p"]
+    dotted = parse_config("ppo", groups("ppo"), base + ["--data.image_key", "images", "--data.max_images_per_prompt",
+                                                        "2", "--actor.freeze_visual_encoder"])
+    flat = parse_config("ppo", groups("ppo"), base + ["--image_key", "images", "--max_images_per_prompt", "2"])
+    assert (dotted.image_key, dotted.max_images_per_prompt, dotted.freeze_vision_tower) == ("images", 2, True)
+    assert config_to_dict(dotted) == config_to_dict(flat)
+    default = parse_config("ppo", groups("ppo"), base)
+    assert (default.image_key, default.max_images_per_prompt, default.freeze_vision_tower) == (None, 1, True)
+    assert parse_config("ppo", groups("ppo"), base + ["--no-freeze_vision_tower"]).freeze_vision_tower is False
 
 
 def test_a_negative_switch_and_a_prefix_of_a_dotted_flag():
@@ -207,8 +220,6 @@ def refused_flags(command: str, argv: list[str]) -> set[str]:
 
 
 @pytest.mark.parametrize(("name", "refused", "owner"), [
-    ("train_vlm_math_hybrid_engine.sh", {"--data.image_key", "--data.max_images_per_prompt",
-                                         "--actor.freeze_visual_encoder"}, "vision-language RL: #18"),
     ("train_reinforce_baseline_ray_agent_async.sh", set(),
      "parses in full; --partial_rollout with an agent is refused at set-up (episodes are generated whole): #18"),
 ])

@@ -12,7 +12,7 @@ import torch
 
 from rlhfkit.data.images import row_images
 from rlhfkit.errors import ConfigError
-from rlhfkit.models.tiny_vlm import IMAGE_SEQ_LEN, build_tiny_vlm
+from rlhfkit.models.tiny_vlm import IMAGE_SEQ_LEN
 from rlhfkit.models.vision import (
     freeze_vision_tower,
     image_placeholder,
@@ -24,11 +24,6 @@ from rlhfkit.models.vision import (
     without_vision_tower,
 )
 from rlhfkit.rollout.types import SamplingConfig
-
-
-@pytest.fixture(scope="module")
-def tiny_vlm_dir(tmp_path_factory) -> str:
-    return build_tiny_vlm(str(tmp_path_factory.mktemp("tiny_vlm")))
 
 
 def png(colour: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> bytes:
@@ -92,21 +87,20 @@ def test_frozen_vision_tower_does_not_train_and_is_not_sent(tiny_vlm_dir):
     assert sent and not any(is_vision_tower_param(n) for n in sent) and len(sent) == len(names) - len(vision)
 
 
-@pytest.mark.slow  # starts its own vLLM engine (~60 s of the test on a loaded 2-core machine)
-def test_engine_log_probs_equal_the_trainers_with_images_before_and_after_a_sync(ray_cluster, tiny_vlm_dir):
+@pytest.mark.slow  # the session's VLM engine (~60 s to start on a loaded 2-core machine, shared with test_ppo_vision)
+def test_engine_log_probs_equal_the_trainers_with_images_before_and_after_a_sync(ray_cluster, tiny_vlm_dir,
+                                                                                vlm_engine):
     """vLLM expands the image placeholders to the processor's ids and samples with log-probs the trainer's forward
     (pixel_values + expanded ids) reproduces within 1e-4, before and after a sync that leaves the vision tower out."""
     from PIL import Image
 
-    from rlhfkit.rollout.vllm_engine import create_vllm_engines
     from rlhfkit.rollout.weight_sync import sync_weights
 
     model, processor = load_vlm(tiny_vlm_dir), load_processor(tiny_vlm_dir)
     images = [Image.new("RGB", (40, 30), (255, 0, 0)), Image.new("RGB", (24, 32), (0, 0, 255))]
     prompts = [vision_prompt(processor, chat_text(processor, f"Colour {i}?"), [im]) for i, im in enumerate(images)]
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=6, n=1, seed=3)
-    [engine] = create_vllm_engines(1, tiny_vlm_dir, max_model_len=256, cpu_kv_cache_bytes=16 * 2**20,
-                                   dtype="float32", num_cpus_per_engine=0.5)
+    engine = vlm_engine
 
     def check() -> list[float]:
         samples = ray_cluster.get(engine.generate.remote([p.prompt_ids for p in prompts], sampling,
@@ -120,13 +114,10 @@ def test_engine_log_probs_equal_the_trainers_with_images_before_and_after_a_sync
         assert worst < 1e-4, worst
         return [lp for s in samples for lp in s.response_logprobs]
 
-    try:
-        loaded = check()
-        freeze_vision_tower(model)
-        train_one_step(model, prompts[0], processor.tokenizer(" red red")["input_ids"])
-        stats = sync_weights([engine], without_vision_tower(model.named_parameters()), keep_vision_tower=True)
-        assert stats.tensors == sum(1 for n, _ in model.named_parameters() if not is_vision_tower_param(n))
-        synced = check()
-        assert synced != loaded  # the sync changed the engine (responses or their log-probs moved)
-    finally:
-        ray_cluster.kill(engine)
+    loaded = check()
+    freeze_vision_tower(model)
+    train_one_step(model, prompts[0], processor.tokenizer(" red red")["input_ids"])
+    stats = sync_weights([engine], without_vision_tower(model.named_parameters()), keep_vision_tower=True)
+    assert stats.tensors == sum(1 for n, _ in model.named_parameters() if not is_vision_tower_param(n))
+    synced = check()
+    assert synced != loaded  # the sync changed the engine (responses or their log-probs moved)
