@@ -43,6 +43,7 @@ from rlhfkit.config.rl_options import (
     RewardOptions,
     RLAlgorithmOptions,
     RolloutOptions,
+    VisionOptions,
 )
 from rlhfkit.config.serve_options import ServeRMOptions
 
@@ -128,11 +129,11 @@ class PRMConfig(PRMOptions, OfflineConfig):
 
 @dataclass
 class PPOConfig(PlacementOptions, RolloutOptions, RLAlgorithmOptions, RewardOptions, RemoteRewardOptions,
-                PromptDataOptions, RoleOptimOptions, TrainingConfig):
+                PromptDataOptions, VisionOptions, RoleOptimOptions, TrainingConfig):
     command: ClassVar[str] = "ppo"
     GROUPS: ClassVar[tuple[type, ...]] = (
         PlacementOptions, RolloutOptions, RLAlgorithmOptions, RewardOptions, RemoteRewardOptions, PromptDataOptions,
-        ModelOptions, TrainOptions, RoleOptimOptions, CheckpointOptions, LoggingOptions)
+        VisionOptions, ModelOptions, TrainOptions, RoleOptimOptions, CheckpointOptions, LoggingOptions)
 
 
 @dataclass
