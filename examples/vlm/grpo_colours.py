@@ -25,20 +25,13 @@ import random
 import tempfile
 import time
 
-COLOURS = {"red": (220, 30, 30), "green": (30, 170, 30), "blue": (30, 60, 220)}
+from ppo_colours import COLOURS, draw_shape  # the same drawings (examples/vlm/ppo_colours.py)
 
 
 def draw(rng: random.Random) -> tuple[object, int]:
-    """A white 64x64 canvas with one coloured circle or square; returns (image, colour index)."""
-    from PIL import Image, ImageDraw
-
-    index = rng.randrange(len(COLOURS))
-    image = Image.new("RGB", (64, 64), (255, 255, 255))
-    size = rng.randint(20, 44)
-    x, y = rng.randint(0, 64 - size), rng.randint(0, 64 - size)
-    shape = ImageDraw.Draw(image).ellipse if rng.random() < 0.5 else ImageDraw.Draw(image).rectangle
-    shape([x, y, x + size, y + size], fill=list(COLOURS.values())[index])
-    return image, index
+    """One coloured shape (`draw_shape`) and its colour index (red 0, green 1, blue 2)."""
+    image, name = draw_shape(rng)
+    return image, list(COLOURS).index(name)
 
 
 def reward(response_ids: list[int], text: str, colour: int, verifier: str) -> float:

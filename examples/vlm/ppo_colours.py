@@ -21,13 +21,14 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 COLOURS = {"red": (220, 30, 30), "green": (30, 170, 30), "blue": (30, 60, 220)}
 
 
-def draw(rng: random.Random) -> tuple[bytes, str]:
-    """A white 64x64 canvas with one coloured circle or square, as PNG bytes, and the colour's name."""
+def draw_shape(rng: random.Random) -> tuple[Any, str]:
+    """A white 64x64 canvas with one coloured circle or square (a PIL image) and the colour's name."""
     from PIL import Image, ImageDraw
 
     name = rng.choice(list(COLOURS))
@@ -36,6 +37,12 @@ def draw(rng: random.Random) -> tuple[bytes, str]:
     x, y = rng.randint(0, 64 - size), rng.randint(0, 64 - size)
     pen = ImageDraw.Draw(image)
     (pen.ellipse if rng.random() < 0.5 else pen.rectangle)([x, y, x + size, y + size], fill=COLOURS[name])
+    return image, name
+
+
+def draw(rng: random.Random) -> tuple[bytes, str]:
+    """`draw_shape` as PNG bytes, and the colour's name."""
+    image, name = draw_shape(rng)
     buf = io.BytesIO()
     image.save(buf, format="PNG")
     return buf.getvalue(), name
