@@ -48,12 +48,27 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def _ray_start(args: list[str], env: dict[str, str]) -> None:
-    done = subprocess.run([RAY, "start", *args, "--disable-usage-stats", "--min-worker-port", "0",
-                           "--max-worker-port", "0", "--object-store-memory", str(200 << 20)],
-                          env=env, capture_output=True, text=True, timeout=120)
-    if done.returncode:
-        raise RuntimeError(f"ray start {' '.join(args)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+def _ray_start_all(calls: list[list[str]], env: dict[str, str]) -> list[str]:
+    """Run `ray start` with each argument list side by side (each waits mostly on its node's processes coming up);
+    returns each one's output."""
+    procs = [subprocess.Popen([RAY, "start", *args, "--disable-usage-stats", "--min-worker-port", "0",
+                               "--max-worker-port", "0", "--object-store-memory", str(200 << 20)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for args in calls]
+    outputs = []
+    for args, proc in zip(calls, procs):
+        try:
+            stdout, stderr = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        if proc.returncode:
+            raise RuntimeError(f"ray start {' '.join(args)} failed:\n{stdout[-2000:]}\n{stderr[-3000:]}")
+        outputs.append(stdout + stderr)
+    return outputs
+
+
+def _ray_start(args: list[str], env: dict[str, str]) -> str:
+    return _ray_start_all([args], env)[0]
 
 
 def _node_ports(names: tuple[str, ...], ports: list[int] | None = None) -> list[str]:
@@ -95,19 +110,22 @@ def start_cluster(nodes=NODES, dashboard: bool = True) -> LocalCluster:
     cluster = LocalCluster(temp_dir, "", "", env)
     try:
         (head, head_cpus), *workers = nodes
-        _ray_start(["--head", "--port", str(gcs_port), "--temp-dir", temp_dir, "--num-cpus", str(head_cpus),
-                    "--resources", json.dumps({head: 1}), f"--include-dashboard={str(dashboard).lower()}",
-                    "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
-                    "--ray-client-server-port", str(client_port), *_node_ports(PER_NODE_PORTS, head_ports)], env)
-        nodes_seen = cluster_nodes(f"127.0.0.1:{gcs_port}", env, 1)
-        ip = nodes_seen[0]["NodeManagerAddress"]  # Ray puts a node started on loopback on the machine's address
+        said = _ray_start(["--head", "--port", str(gcs_port), "--temp-dir", temp_dir, "--num-cpus", str(head_cpus),
+                           "--resources", json.dumps({head: 1}), f"--include-dashboard={str(dashboard).lower()}",
+                           "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
+                           "--ray-client-server-port", str(client_port), *_node_ports(PER_NODE_PORTS, head_ports)], env)
+        # Ray puts a node started on loopback on the machine's address, which `ray start` prints
+        ip = re.search(r"Local node IP: ([\d.]+)", said)
+        ip = ip[1] if ip else cluster_nodes(f"127.0.0.1:{gcs_port}", env, 1)[0]["NodeManagerAddress"]
         cluster.gcs_address, cluster.dashboard_url = f"{ip}:{gcs_port}", f"http://127.0.0.1:{dashboard_port}"
-        for name, cpus in workers:
-            # its own temp dir: nodes sharing one would share runtime_resources/, and a node that does not use a
-            # job's working_dir deletes it under the job's driver (seen: "FileNotFoundError" from os.getcwd())
-            _ray_start(["--address", cluster.gcs_address, "--temp-dir", f"{temp_dir}/{name}",
-                        "--num-cpus", str(cpus), "--resources",
-                        json.dumps({name: 1}), *_node_ports(PER_NODE_PORTS)], env)
+        # the workers join side by side, their ports from one call (separate calls could repeat a port)
+        ports = free_ports(len(workers) * len(PER_NODE_PORTS))
+        # each its own temp dir: nodes sharing one would share runtime_resources/, and a node that does not use a
+        # job's working_dir deletes it under the job's driver (seen: "FileNotFoundError" from os.getcwd())
+        _ray_start_all([["--address", cluster.gcs_address, "--temp-dir", f"{temp_dir}/{name}",
+                         "--num-cpus", str(cpus), "--resources", json.dumps({name: 1}),
+                         *_node_ports(PER_NODE_PORTS, ports[k * len(PER_NODE_PORTS):(k + 1) * len(PER_NODE_PORTS)])]
+                        for k, (name, cpus) in enumerate(workers)], env)
         table = cluster_nodes(cluster.gcs_address, env, len(nodes))
         cluster.start_s = time.perf_counter() - start
         for node in table:

@@ -12,6 +12,8 @@ from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.rl.ppo_trainer import train_ppo
 
 HERE = Path(__file__).parent
+# `run`'s GRPO with the reference model's KL as a loss (k3), 2 steps: tests/rl/conftest.py's grpo_kl_loss_run
+KL_LOSS = {"max_samples": 8, "init_kl_coef": 0.1, "use_kl_loss": True, "kl_estimator": "k3"}
 
 
 def run(model: str, prompts: str, out: Path, engine, **overrides) -> list[dict]:
@@ -32,18 +34,20 @@ def series(rows: list[dict], key: str) -> list[float]:
 
 
 def assert_same_step(a: list[dict], b: list[dict], a_out: Path, b_out: Path, initial: str) -> None:
-    """Two runs of the same single step that must give the same update: every metric but timings and throughput
-    agrees, and the saved weights agree tensor by tensor (and moved away from `initial`, so the check bites)."""
+    """Two runs of the same steps (one, or a few) that must give the same updates: every metric but timings and
+    throughput agrees at every step, and the saved weights agree tensor by tensor (and moved away from `initial`, so
+    the check bites)."""
     import pytest
     import torch
     from safetensors.torch import load_file
 
-    [ra], [rb] = a, b
-    assert ra.keys() == rb.keys()
-    compared = [k for k in ra if not k.startswith(("time/", "perf/"))]
-    assert {"train/grad_norm", "train/entropy", "train/policy_loss", "rollout/reward_mean"} <= set(compared)
-    for key in compared:  # abs: the trainer-vs-engine log-prob mismatch metrics are float noise of ~1e-6
-        assert ra[key] == pytest.approx(rb[key], rel=1e-4, abs=1e-5), (key, ra[key], rb[key])
+    assert [r["step"] for r in a] == [r["step"] for r in b] and a
+    for ra, rb in zip(a, b):
+        assert ra.keys() == rb.keys()
+        compared = [k for k in ra if not k.startswith(("time/", "perf/"))]
+        assert {"train/grad_norm", "train/entropy", "train/policy_loss", "rollout/reward_mean"} <= set(compared)
+        for key in compared:  # abs: the trainer-vs-engine log-prob mismatch metrics are float noise of ~1e-6
+            assert ra[key] == pytest.approx(rb[key], rel=1e-4, abs=1e-5), (ra["step"], key, ra[key], rb[key])
     wa, wb = load_file(str(a_out / "hf" / "model.safetensors")), load_file(str(b_out / "hf" / "model.safetensors"))
     w0 = load_file(str(Path(initial) / "model.safetensors"))
     assert wa.keys() == wb.keys() == w0.keys()  # the same tensors (a tied lm_head is not written twice)

@@ -3,9 +3,9 @@
 argv: rank world_size master_port model_dir reward_model_dir output_file flags_json (the ring flags: none for the
 unsharded reference; --ring_attn_size 2 for each sequence split over the two ranks). The rank builds ppo's real actor,
 reference and critic workers (`rlhfkit.rl.worker.ModelWorker`, as the Ray actors do) and, for a padded and a packed
-layout of the same micro-batches, records the actor's and reference's log-probs, the critic's values, and one policy
-and one value step: their metrics and the full parameter gradients the optimizer sees; and the fresh value head of a
-critic started from the causal LM. Output with torch.save.
+layout of the same micro-batches, records the actor's and reference's log-probs, the critic's values, a reward
+model's scores (unsharded only), and one policy and one value step: their metrics and the full parameter gradients
+the optimizer sees; and the fresh value head of a critic started from the causal LM. Output with torch.save.
 """
 
 import json
@@ -31,6 +31,16 @@ def batch() -> dict[str, torch.Tensor]:
     exp.values = torch.randn(mask.shape, generator=g) * 0.1 * mask
     exp.returns = torch.randn(mask.shape, generator=g) * mask
     return exp.tensors()
+
+
+def scored_batch() -> dict[str, torch.Tensor]:
+    """The reward group's input for the same samples (left-padded, eos appended, prompt lengths for packing)."""
+    from rlhfkit.rl.reward_group import reward_batch
+    from rlhfkit.rollout.types import RolloutSample
+
+    samples = [RolloutSample(k, i, p, r, [0.0] * len(r), "stop")
+               for i, (k, p, r) in enumerate(zip([0, 0, 0, 1, 1, 2], PROMPTS, RESPONSES))]
+    return reward_batch(samples, eos_token_id=2, pad_token_id=0)
 
 
 def capture_gradients(worker: ModelWorker, into: dict) -> None:
@@ -59,6 +69,11 @@ def main() -> None:
     workers["actor"].init_model(model_dir, True, 10, 0.0)  # lr 0: both layouts see the same weights
     workers["ref"].init_model(model_dir, False)
     workers["critic"].init_model(reward_dir, True, 10, 0.0, True)
+    # the unsharded run also scores with a reward model, for the packed-vs-padded check of its scores (never a ring;
+    # and not beside ring workers in one process: their ring attention is set up for the whole process)
+    scorer = ModelWorker("reward", cfg, rank, world, "127.0.0.1", int(port)) if world == 1 else None
+    if scorer is not None:
+        scorer.init_model(reward_dir, False, 1, 0.0, True, True)
     fresh = ModelWorker("critic", cfg, rank, world, "127.0.0.1", int(port))  # a critic started from the causal LM
     fresh.init_model(model_dir, False, scalar_head=True)
     head = fresh.model.score.weight
@@ -68,7 +83,7 @@ def main() -> None:
     out: dict = {"ring": [w.ring.size if w.ring else 1 for w in workers.values()],
                  "fresh_head": (head.full_tensor() if hasattr(head, "full_tensor") else head).detach().clone()}
     for layout in ("padded", "packed"):
-        for w in workers.values():
+        for w in (*workers.values(), *([scorer] if scorer else [])):
             w.cfg.packing_samples = layout == "packed"
         data = batch()
         data["ref_log_probs"] = workers["ref"].log_probs(data)
@@ -80,6 +95,8 @@ def main() -> None:
         result["critic"] = workers["critic"].train_critic_step(data, tokens)
         result["critic_grads"] = dict(grads["critic"])
         result["probe"] = workers["actor"].probe_log_probs(PROMPTS[0], RESPONSES[2])
+        if scorer is not None:
+            result["rewards"] = scorer.rewards(scored_batch())
         out[layout] = result
     torch.save(out, output_file)
     torch.distributed.barrier()

@@ -22,14 +22,19 @@ HERE = Path(__file__).parent
 
 def test_async_samples_one_step_behind_and_still_learns(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
                                                         tmp_path):
+    # 16 steps (2 episodes of 32 prompts) at lr 5e-2: the reward leaves its start by step 8 (measured with seed 5:
+    # 0.06 in steps 1-3, 0.96 / 0.99 / 1.0 / 1.0 in steps 13-16); at lr 3e-2 these 16 steps stayed at 0.06
+    # (the 24 steps of all 48 prompts learned from step 13 on)
     rows = run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, async_train=True,
-               enable_vllm_is_correction=True, num_episodes=2)
-    assert len(rows) == 24
+               enable_vllm_is_correction=True, num_episodes=2, max_samples=32, actor_learning_rate=5e-2)
+    assert len(rows) == 16
     mismatch = series(rows, "rollout/logprob_abs_diff_mean")
-    # step 1 is generated before any update; from step 2 on the engine is one update behind the trainer
-    assert mismatch[0] < 1e-3 and min(mismatch[1:]) > 1e-2, mismatch
-    assert len(series(rows, "time/wait_rollout")) == 23  # every step but the last had a rollout in flight
-    # one step off-policy learns later than the synchronous run (test_ppo: +0.05 in 12 steps), but it learns
+    # step 1 is generated before any update; from step 2 on the engine is one update behind the trainer: over the
+    # 1e-3 a synced engine stays under (test_ppo; 5e-7 here at step 1). (Measured 0.1-0.9 while the policy learns,
+    # 2e-3 once it is saturated at reward 1.0 and the updates are tiny.)
+    assert mismatch[0] < 1e-3 and min(mismatch[1:]) > 1e-3, mismatch
+    assert len(series(rows, "time/wait_rollout")) == 15  # every step but the last had a rollout in flight
+    # one step off-policy, it still learns
     rewards = series(rows, "rollout/reward_mean")
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.3, rewards
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from ppo_helpers import run
+from ppo_helpers import KL_LOSS, run
 
 from rlhfkit.rl.make_experience import old_log_probs_from_training_pass
 from rlhfkit.rl.worker import has_active_dropout
@@ -48,12 +48,12 @@ def test_dropout_anywhere_counts(tiny_model_dir):
 
 
 def test_reused_old_log_probs_give_the_same_run(tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
-    flags = {"max_samples": 12, "enable_vllm_is_correction": True, "eval_dataset": echo_prompt_file,
-             "eval_steps": 3}
+    flags = {"max_samples": 8, "enable_vllm_is_correction": True, "eval_dataset": echo_prompt_file,
+             "eval_steps": 2}
     reused = run(tiny_model_dir, echo_prompt_file, tmp_path / "reused", rollout_vllm_engine, **flags)
     separate = run(tiny_model_dir, echo_prompt_file, tmp_path / "separate", rollout_vllm_engine,
                    recompute_old_log_probs=True, **flags)
-    assert len(reused) == len(separate) == 4  # eval at step 0, then 3 steps
+    assert len(reused) == len(separate) == 3  # eval at step 0, then 2 steps
     def keys(row: dict) -> list[str]:  # the log-prob stage's MFU exists only where the stage does work
         return sorted(k for k in row if not k.startswith("time/") and k != "perf/mfu_log_probs")
 
@@ -64,16 +64,17 @@ def test_reused_old_log_probs_give_the_same_run(tiny_model_dir, echo_prompt_file
             if key in b:
                 assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
     trained = [r for r in reused if "train/policy_loss" in r]
-    assert len(trained) == 3 and all("rollout/logprob_abs_diff_mean" in r for r in trained)
+    assert len(trained) == 2 and all("rollout/logprob_abs_diff_mean" in r for r in trained)
     assert all(r["time/log_probs"] < s["time/log_probs"] for r, s in zip(trained, separate[1:]))  # the pass is gone
 
 
-def test_reused_old_log_probs_with_a_kl_loss_report_the_same_kl(tiny_model_dir, echo_prompt_file,
+def test_reused_old_log_probs_with_a_kl_loss_report_the_same_kl(grpo_kl_loss_run, tiny_model_dir, echo_prompt_file,
                                                                  rollout_vllm_engine, tmp_path):
-    flags = {"max_samples": 8, "init_kl_coef": 0.1, "use_kl_loss": True, "kl_estimator": "k3"}
-    reused = run(tiny_model_dir, echo_prompt_file, tmp_path / "reused", rollout_vllm_engine, **flags)
+    """The reused run is the session's `grpo_kl_loss_run` (tests/rl/conftest.py; test_packing.py compares with it
+    too); the separate pass runs here with the same flags."""
+    _, reused = grpo_kl_loss_run
     separate = run(tiny_model_dir, echo_prompt_file, tmp_path / "separate", rollout_vllm_engine,
-                   recompute_old_log_probs=True, **flags)
+                   recompute_old_log_probs=True, **KL_LOSS)
     assert [r["step"] for r in reused] == [1, 2]
     assert reused[0]["rollout/kl"] == pytest.approx(0.0, abs=1e-9)  # the policy starts as the reference
     for a, b in zip(reused, separate):

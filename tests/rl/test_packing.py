@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ppo_helpers import assert_same_step, run
+from ppo_helpers import KL_LOSS, assert_same_step, run
 
 from rlhfkit.algorithms.entropy import entropy_from_logits
 from rlhfkit.models.loading import load_causal_lm, load_scalar_model, scalar_outputs
@@ -99,19 +99,18 @@ def test_a_response_with_a_hole_in_its_attention_is_refused():
 
 
 @pytest.mark.slow
-def test_a_packed_ppo_step_equals_the_padded_one(tiny_model_dir, tiny_reward_model_dir, echo_prompt_file,
-                                                rollout_vllm_engine, tmp_path):
-    """The whole step through the Ray workers, with all four models packed: the actor's training pass, the
-    reference's log-probs (a KL loss), the critic's values and value step (gae), the reward model's scores. Every
-    metric and the saved actor weights equal the padded run's."""
-    flags = {"max_samples": 4, "init_kl_coef": 0.1, "use_kl_loss": True, "kl_estimator": "k3",
-             "micro_train_batch_size": 8, "advantage_estimator": "gae", "remote_rm_url": None,
-             "reward_pretrain": tiny_reward_model_dir, "critic_learning_rate": 5e-3}
-    padded = run(tiny_model_dir, echo_prompt_file, tmp_path / "padded", rollout_vllm_engine, **flags)
+def test_packed_ppo_steps_equal_the_padded_ones(grpo_kl_loss_run, tiny_model_dir, echo_prompt_file,
+                                               rollout_vllm_engine, tmp_path):
+    """Two whole steps through the Ray workers with --packing_samples: the actor's training pass (old log-probs
+    from it) and the reference's log-probs for a k3 KL loss. Every metric and the saved actor weights equal the
+    padded run of the same flags (the session's `grpo_kl_loss_run`, tests/rl/conftest.py). The critic's values and
+    value step and the reward model's scores, packed against padded in the same real workers: test_ring_ppo.py
+    (assert_packed_equals_padded); the layout itself: the tests above."""
+    padded_out, padded = grpo_kl_loss_run
     packed = run(tiny_model_dir, echo_prompt_file, tmp_path / "packed", rollout_vllm_engine, packing_samples=True,
-                 **flags)
-    assert {"train/kl_loss", "train/critic_loss", "train/values_mean"} <= packed[0].keys()
-    assert_same_step(padded, packed, tmp_path / "padded", tmp_path / "packed", tiny_model_dir)
+                 **KL_LOSS)
+    assert all("train/kl_loss" in r for r in packed) and packed[1]["rollout/kl"] > 0
+    assert_same_step(padded, packed, padded_out, tmp_path / "packed", tiny_model_dir)
 
 
 def test_packing_with_an_attention_kernel_that_ignores_4d_masks_is_refused(monkeypatch):

@@ -25,11 +25,12 @@ def test_dynamic_filtering_drops_all_equal_groups_and_refills(tiny_model_dir, ec
     assert sum(r["filter/sampled_groups"] for r in rows) > 4 * len(rows)
 
 
-def test_dynamic_batch_gives_the_same_update(tiny_model_dir, echo_prompt_file, rollout_vllm_engine, tmp_path):
-    fixed = run(tiny_model_dir, echo_prompt_file, tmp_path / "fixed", rollout_vllm_engine, max_samples=4)
+def test_dynamic_batch_gives_the_same_update(grpo_one_step, tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
+                                            tmp_path):
+    fixed_out, fixed = grpo_one_step  # the session's fixed-batch step of the same flags (tests/rl/conftest.py)
     dynamic = run(tiny_model_dir, echo_prompt_file, tmp_path / "dynamic", rollout_vllm_engine, max_samples=4,
                   use_dynamic_batch=True, train_max_tokens_per_gpu=300, rollout_max_tokens_per_gpu=200)
-    assert_same_step(fixed, dynamic, tmp_path / "fixed", tmp_path / "dynamic", tiny_model_dir)
+    assert_same_step(fixed, dynamic, fixed_out, tmp_path / "dynamic", tiny_model_dir)
 
 
 def test_zero_policy_scores_failing_samples_zero_and_counts_them(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,

