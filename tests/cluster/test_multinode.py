@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from local_cluster import cluster_pids
 
-pytestmark = pytest.mark.slow
 REWARD = Path(__file__).parent.parent / "rl" / "letters_reward.py"
 # the per-step metrics compared between the 3-node and the one-node run, and how close they must be: the same
 # seed gives the same samples (engine k seeded seed + k on both) and the same fp32 updates up to the reduction

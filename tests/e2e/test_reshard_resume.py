@@ -17,8 +17,6 @@ from rlhfkit.cli.sft import main as sft_main
 from rlhfkit.config.parse import flags_to_argv
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
 
-pytestmark = pytest.mark.slow
-
 # fp32 on CPU; 2 ranks and 1 sum the same global batch in another order, so steps agree to float noise, not bits.
 REL = 1e-4
 # 2 steps per epoch, 4 in all

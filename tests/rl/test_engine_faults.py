@@ -23,7 +23,6 @@ from rlhfkit.data.synthetic import echo_rows, write_jsonl
 from rlhfkit.errors import RemoteActorDied
 from rlhfkit.rl import ppo_trainer
 
-pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 # The per-step metrics a fault must not change: every rollout/, train/ and sync/ metric (rewards, lengths, losses,
 # grad norms, entropy, the engine-vs-trainer log-prob check). The same prompts, the same per-sample seeds (a

@@ -23,7 +23,6 @@ from rlhfkit.rl.reward_group import reward_batch
 from rlhfkit.rl.setup import _check_reward_tokenizers, _resume, validate_rl
 from rlhfkit.rollout.types import RolloutSample
 
-pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 
 
@@ -155,6 +154,7 @@ def test_resume_without_the_critic_checkpoint_is_an_error(tmp_path):
             _resume(setup)
 
 
+@pytest.mark.slow
 def test_colocate_actor_ref_with_the_ptx_loss(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
                                               reward_model, tmp_path):
     """Actor and reference on the same bundles; --pretrain_data adds the LM loss, which falls over two steps."""
@@ -174,6 +174,7 @@ def placement_groups(out: Path) -> dict[str, str]:
     return {e["role"]: e["placement_group_id"] for e in entries if e.get("rank", 0) == 0 and e["role"] != "engine"}
 
 
+@pytest.mark.slow
 def test_colocate_critic_reward_with_two_reward_models(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
                                                        reward_model, tmp_path):
     """Critic and two reward-model groups on the same bundles, rewards summed; the actor frozen for step 1."""
@@ -191,6 +192,7 @@ def test_colocate_critic_reward_with_two_reward_models(tiny_model_dir, echo_prom
     assert rewards == {groups["critic"]} and groups["critic"] not in (groups["actor"], groups["ref"])
 
 
+@pytest.mark.slow
 def test_colocate_all_models_with_a_serve_rm_reward(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
                                                     reward_model, tmp_path):
     """Every model on the actor's bundles (the sleep/offload flags accepted, inert on CPU); the reward model is also
