@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.commands import PPOConfig
 from rlhfkit.rl.engine_faults import EngineFaults, engine_fault
 from rlhfkit.rollout.partial import VERSIONS_KEY, generate_in_chunks
 from rlhfkit.rollout.types import RolloutSample, SamplingConfig
@@ -105,7 +106,7 @@ class RolloutQueue:
     """Rollouts of the coming steps, in step order (see the module docstring). `collect(faults)` collects one
     rollout now (ppo_trainer.collect_timed with the loop's stream and sampling, versions stamped)."""
 
-    def __init__(self, cfg: Any, stream: Any, gate: EngineGate, collect: Callable[..., Collected],
+    def __init__(self, cfg: PPOConfig, stream: Any, gate: EngineGate, collect: Callable[..., Collected],
                  total_steps: int, pending: list[Collected] | None = None, first_step: int = 1) -> None:
         self.size, self.partial = cfg.async_queue_size, bool(cfg.partial_rollout)
         self.stream, self.gate, self.collect, self.total_steps = stream, gate, collect, total_steps
@@ -181,11 +182,11 @@ class RolloutQueue:
         self.pool.shutdown(cancel_futures=True)
 
 
-def pending_path(cfg: Any, step: int) -> Path:
+def pending_path(cfg: PPOConfig, step: int) -> Path:
     return Path(cfg.ckpt_path) / "driver" / f"pending_rollout_step{step}.pt"
 
 
-def save_pending(cfg: Any, step: int, rollouts: list[Collected]) -> None:
+def save_pending(cfg: PPOConfig, step: int, rollouts: list[Collected]) -> None:
     """--async_train: the rollouts generated ahead are part of the run's state; saved beside the checkpoint of `step`
     (temporary file + rename), so a resumed run trains on exactly the rollouts the uninterrupted run would."""
     path = pending_path(cfg, step)
@@ -198,7 +199,7 @@ def save_pending(cfg: Any, step: int, rollouts: list[Collected]) -> None:
         old.unlink()
 
 
-def load_pending(cfg: Any, step: int) -> list[Collected]:
+def load_pending(cfg: PPOConfig, step: int) -> list[Collected]:
     """The rollouts saved at `step` (a file of an older version holds one tuple: that one), or [] with a warning."""
     path = pending_path(cfg, step)
     if not path.exists():

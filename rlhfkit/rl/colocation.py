@@ -16,6 +16,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from rlhfkit.config.commands import PPOConfig
+
 log = logging.getLogger("rlhfkit")
 
 
@@ -30,7 +32,7 @@ class Phases:
         self.events: list[str] = []  # what moved, in order (tests read it)
 
     @classmethod
-    def from_config(cls, cfg: Any, engines: Sequence[Any], trainers: Sequence[Any], has_gpus: bool) -> Phases:
+    def from_config(cls, cfg: PPOConfig, engines: Sequence[Any], trainers: Sequence[Any], has_gpus: bool) -> Phases:
         sleep = bool(cfg.vllm_enable_sleep)
         if sleep and not has_gpus:
             log.info("--vllm_enable_sleep: vLLM's sleep mode is CUDA-only; on this CPU cluster the engines stay up")

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.parse import config_to_dict
 from rlhfkit.errors import ConfigError
 
@@ -66,8 +67,8 @@ def dump_steps(values: list[str] | None) -> set[int] | str | None:
     return steps
 
 
-def wants_dump(cfg: Any, step: int) -> bool:
-    steps = dump_steps(getattr(cfg, "debug_dump_steps", None))
+def wants_dump(cfg: PPOConfig, step: int) -> bool:
+    steps = dump_steps(cfg.debug_dump_steps)
     return steps == "all" or (steps is not None and step in steps)
 
 
@@ -76,7 +77,7 @@ def detached_cpu(tensors: dict[str, Any]) -> dict[str, Any]:
     return {k: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
 
 
-def step_record(cfg: Any, step: int, experience: dict[str, torch.Tensor]) -> dict[str, Any]:
+def step_record(cfg: PPOConfig, step: int, experience: dict[str, torch.Tensor]) -> dict[str, Any]:
     config = json.loads(json.dumps(config_to_dict(cfg), default=str))
     return {"step": step, "config": config, "experience": detached_cpu(experience), "actor": [], "critic": []}
 

@@ -21,6 +21,7 @@ from rlhfkit.algorithms.kl import compute_kl
 from rlhfkit.algorithms.normalize import masked_mean
 from rlhfkit.algorithms.offpolicy import logprob_mismatch
 from rlhfkit.algorithms.rewards import length_penalties
+from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.plan import kl_mode_of
 from rlhfkit.rl.experience import Experience, build_experience
 from rlhfkit.rl.group import run_side_by_side
@@ -159,7 +160,7 @@ def to_experience(rollout: Rollout, pad_token_id: int) -> Experience:
     return exp
 
 
-def apply_length_penalties(rollout: Rollout, exp: Experience, cfg: Any) -> dict[str, float]:
+def apply_length_penalties(rollout: Rollout, exp: Experience, cfg: PPOConfig) -> dict[str, float]:
     """DAPO's overlong and ProRL's stop-properly penalties (`rlhfkit.algorithms.rewards.length_penalties`) on the
     sequence rewards, in place on both `exp.rewards` and `rollout.rewards` (so rollout/reward_mean is the penalised
     reward, as in OpenRLHF), before any advantage; returns `rollout/*` metrics (none when both are off)."""
@@ -181,7 +182,7 @@ def model_batch(exp: Experience) -> dict[str, torch.Tensor]:
     return batch
 
 
-def old_log_probs_from_training_pass(cfg: Any, rows: int, has_ref: bool) -> bool:
+def old_log_probs_from_training_pass(cfg: PPOConfig, rows: int, has_ref: bool) -> bool:
     """Whether the PPO ratio's old log-probs can be the training forward's own, detached: the rollout makes exactly
     one optimizer step (one mini-batch of `rows` <= --train_batch_size, --max_epochs 1, the actor trains from the first
     step), so the policy that would compute them in a separate pass is the one being trained, and no reward-side KL
@@ -191,7 +192,7 @@ def old_log_probs_from_training_pass(cfg: Any, rows: int, has_ref: bool) -> bool
             and (not has_ref or kl_mode_of(cfg.init_kl_coef, cfg.use_kl_loss) == "loss"))
 
 
-def fill_log_probs_and_advantages(exp: Experience, cfg: Any, actor: Any, ref: Any | None, critic: Any | None,
+def fill_log_probs_and_advantages(exp: Experience, cfg: PPOConfig, actor: Any, ref: Any | None, critic: Any | None,
                                   timer: Timer, kl_coef: float | None = None) -> dict[str, float]:
     """Trainer log-probs, reference log-probs, values, KL, advantages and returns (in place); returns metrics.
     `kl_coef`: the reward-side KL coefficient of this step (--init_kl_coef, or the adaptive controller's value).

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.parse import config_to_dict
 from rlhfkit.engine.best import BestTracker, check_key, tracker_for
 from rlhfkit.errors import ConfigError
@@ -257,13 +258,13 @@ def _write_samples(s: RLSetup, step: int, rollout: Rollout, kind: str, limit: in
                                 "reward": float(rollout.rewards[i]), "label": prompt.get("label")}) + "\n")
 
 
-def eval_metric_keys(cfg: Any) -> list[str]:
+def eval_metric_keys(cfg: PPOConfig) -> list[str]:
     """The metrics `evaluate` returns (known before the run: --best_metric_key is checked against them)."""
     ks = sorted({1, cfg.eval_n_samples_per_prompt})
     return ["eval/reward_mean", "eval/score_mean", *(f"eval/pass@{k}" for k in ks)]
 
 
-def best_tracker(cfg: Any) -> BestTracker | None:
+def best_tracker(cfg: PPOConfig) -> BestTracker | None:
     """--best_metric_key: its tracker (default key eval/pass@1), refused before anything starts when it names no
     metric of `evaluate` or there is no --eval_dataset."""
     best = tracker_for(cfg, "eval/pass@1", bool(cfg.eval_dataset))
@@ -281,7 +282,7 @@ def keep_best(s: RLSetup, step: int, eval_metrics: dict[str, float]) -> None:
     s.best.commit()
 
 
-def train_ppo(cfg: Any, engines: list[Any] | None = None) -> dict[str, float]:
+def train_ppo(cfg: PPOConfig, engines: list[Any] | None = None) -> dict[str, float]:
     s = build_setup(cfg, engines, best_tracker(cfg))
     try:
         return _loop(s)

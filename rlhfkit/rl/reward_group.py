@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.commands import PPOConfig
 from rlhfkit.rewards.base import RewardOutput, check_batch
 from rlhfkit.rewards.remote import RemoteRewardClient, remote_timeout
 from rlhfkit.rewards.reward_func import RewardFuncSource
@@ -32,17 +33,17 @@ from rlhfkit.rl.group import run_side_by_side
 from rlhfkit.rollout.types import RolloutSample
 
 
-def model_specs(cfg: Any) -> list[str]:
+def model_specs(cfg: PPOConfig) -> list[str]:
     """The `--reward_pretrain` specs that are reward models (each gets a Ray group)."""
     return [s for s in split_specs(cfg.reward_pretrain) if spec_kind(s) == "model"]
 
 
-def text_specs(cfg: Any) -> list[str]:
+def text_specs(cfg: PPOConfig) -> list[str]:
     """Every other reward spec (in `--reward_pretrain`, then `--remote_rm_url` order)."""
     return [s for s in split_specs(cfg.reward_pretrain) if spec_kind(s) != "model"] + split_specs(cfg.remote_rm_url)
 
 
-def text_sources(cfg: Any) -> list[Any]:
+def text_sources(cfg: PPOConfig) -> list[Any]:
     """One source per text spec; all http(s) URLs form one client (replicas sharing each batch)."""
     sources: list[Any] = []
     specs = text_specs(cfg)

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from rlhfkit.algorithms.entropy import entropy_from_logits
+from rlhfkit.config.commands import PPOConfig
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.context_parallel import RingGroup, setup_ring_attention, shard_forward_kwargs, sum_over_ring
 from rlhfkit.models.logprobs import log_probs_from_logits
@@ -47,7 +48,7 @@ def rank_rows(rows: int, world: int, ring: int) -> list[list[int]]:
     return [parts[r // ring] for r in range(world)]
 
 
-def validate_ring(cfg: Any, worlds: Mapping[str, int]) -> None:
+def validate_ring(cfg: PPOConfig, worlds: Mapping[str, int]) -> None:
     """--ring_attn_size in ppo: it must divide the ranks of every role it splits (`worlds`: role -> ranks of the roles
     in use), and the flags whose terms this path does not compute are refused."""
     size = cfg.ring_attn_size
@@ -63,10 +64,10 @@ def validate_ring(cfg: Any, worlds: Mapping[str, int]) -> None:
             raise ConfigError(f"--ring_attn_size {size} must divide the {role}'s {world} ranks (--{role}_num_nodes x "
                               f"--{role}_num_gpus_per_node = data parallel x ring size): give the {role} a multiple "
                               f"of {size} ranks or change --ring_attn_size")
-    if getattr(cfg, "aux_loss_coef", 0.0):
+    if cfg.aux_loss_coef:
         raise ConfigError(f"--aux_loss_coef with --ring_attn_size {size}: the router loss would be computed on each "
                           "rank's chunk of the sequence, not on the whole sequence; use one of the two")
-    if getattr(cfg, "pretrain_data", None):
+    if cfg.pretrain_data:
         raise ConfigError(f"--pretrain_data (the --ptx_coef loss) with --ring_attn_size {size}: the ptx forward is not "
                           "split over the ring group yet; drop one of the two")
 

@@ -18,6 +18,7 @@ import torch
 
 from rlhfkit.agents.environment import AgentSpec, load_agent
 from rlhfkit.algorithms.rewards import AdaptiveKLController, FixedKLController
+from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.optim_options import validate_optim
 from rlhfkit.config.parse import config_to_dict
 from rlhfkit.config.plan import RLPlan, resolve_plan
@@ -49,7 +50,7 @@ log = logging.getLogger("rlhfkit")
 
 @dataclass
 class RLSetup:
-    cfg: Any
+    cfg: PPOConfig
     tokenizer: Any
     prompts: list[dict]
     eval_prompts: list[dict]
@@ -129,7 +130,7 @@ class RLSetup:
             ray.shutdown()
 
 
-def validate_rl(cfg: Any) -> None:
+def validate_rl(cfg: PPOConfig) -> None:
     require(cfg, "pretrain", "prompt_data")
     if cfg.agent_func_path and (cfg.remote_rm_url or cfg.reward_pretrain):
         given = "--remote_rm_url" if cfg.remote_rm_url else "--reward_pretrain"
@@ -194,7 +195,7 @@ def validate_rl(cfg: Any) -> None:
     _validate_colocation(cfg, plan)
 
 
-def _validate_async(cfg: Any) -> None:
+def _validate_async(cfg: PPOConfig) -> None:
     """--async_queue_size and --partial_rollout (rl/async_rollout.py)."""
     if cfg.async_queue_size < 1:
         raise ConfigError(f"--async_queue_size {cfg.async_queue_size}: must be >= 1 (rollouts generated ahead)")
@@ -208,7 +209,7 @@ def _validate_async(cfg: Any) -> None:
         raise ConfigError(f"--partial_rollout_chunk_tokens {cfg.partial_rollout_chunk_tokens}: must be >= 1")
 
 
-def kl_controller(cfg: Any) -> AdaptiveKLController | FixedKLController:
+def kl_controller(cfg: PPOConfig) -> AdaptiveKLController | FixedKLController:
     """The KL coefficient of each step: adaptive from --init_kl_coef with --kl_target (updated by the loop after
     every step from the measured KL, over --rollout_batch_size x --n_samples_per_prompt samples), else fixed."""
     if cfg.kl_target is not None:
@@ -216,7 +217,7 @@ def kl_controller(cfg: Any) -> AdaptiveKLController | FixedKLController:
     return FixedKLController(cfg.init_kl_coef)
 
 
-def _validate_algorithm_flags(cfg: Any) -> None:
+def _validate_algorithm_flags(cfg: PPOConfig) -> None:
     """--kl_target / --kl_horizon, --use_unbiased_kl and the length penalties."""
     if cfg.kl_target is not None:
         if cfg.kl_target <= 0 or cfg.kl_horizon <= 0:
@@ -238,7 +239,7 @@ def _validate_algorithm_flags(cfg: Any) -> None:
         raise ConfigError(f"--stop_properly_penalty_coef {coef}: a scale in [0, 1], or a fixed reward < 0")
 
 
-def _validate_colocation(cfg: Any, plan: RLPlan) -> None:
+def _validate_colocation(cfg: PPOConfig, plan: RLPlan) -> None:
     """Colocated roles share bundles rank for rank, so their rank counts must match (as in OpenRLHF)."""
     has_critic = plan.needs_critic
     has_rm = bool(model_specs(cfg))
@@ -259,7 +260,7 @@ def _validate_colocation(cfg: Any, plan: RLPlan) -> None:
                               f"--{b}_num_nodes {plan.nodes(a)} --{b}_num_gpus_per_node {plan.ranks_per_node(a)}")
 
 
-def load_prompts(cfg: Any, tokenizer: Any, spec: str, split: str, probs: str | None = None) -> list[dict]:
+def load_prompts(cfg: PPOConfig, tokenizer: Any, spec: str, split: str, probs: str | None = None) -> list[dict]:
     rows = blend_datasets(spec, probs, split=split, seed=cfg.seed, max_samples=cfg.max_samples)
     images = image_column(cfg, spec) if cfg.image_key else None  # --image_key: rl/vision_batch.py
     samples, stats = build_prompt_samples(rows, tokenizer, input_key=cfg.input_key, label_key=cfg.label_key,
@@ -294,7 +295,7 @@ class Placement:
         return 1.0 / self.sharing[id(self.groups[role])]
 
 
-def plan_placement(cfg: Any, plan: RLPlan, reward_specs: list[str], create_engines: bool) -> Placement:
+def plan_placement(cfg: PPOConfig, plan: RLPlan, reward_specs: list[str], create_engines: bool) -> Placement:
     """Placement groups per role: roles named by a colocation flag share the bundles of the group they join."""
     has_critic, need_ref = plan.needs_critic, plan.needs_ref
     p = Placement()
@@ -317,7 +318,7 @@ def plan_placement(cfg: Any, plan: RLPlan, reward_specs: list[str], create_engin
     return p
 
 
-def _groups(cfg: Any, plan: RLPlan, worker_cfg: dict, total_updates: int, reward_specs: list[str],
+def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: dict, total_updates: int, reward_specs: list[str],
             placement: Placement, made: list[ModelGroup]):
     """Create and initialise the model groups (appending each to `made` as soon as it exists, for clean-up).
 
@@ -381,7 +382,7 @@ def cfg_name(spec: str) -> str:
     return spec.rsplit("/", 1)[-1]
 
 
-def _engines(cfg: Any, path: str, placement: Placement, indices: list[int] | None = None) -> list[Any]:
+def _engines(cfg: PPOConfig, path: str, placement: Placement, indices: list[int] | None = None) -> list[Any]:
     """The run's rollout engines from the flags; `indices`: only those engines, with their own options (a restart
     after a fault, `rlhfkit.rl.engine_faults`)."""
     from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES, create_vllm_engines, engine_options_from_args
@@ -404,7 +405,7 @@ def _engines(cfg: Any, path: str, placement: Placement, indices: list[int] | Non
     return create_vllm_engines(cfg.vllm_num_engines, path, log_dir=log_dir, indices=indices, **options)
 
 
-def lora_engine_rank(cfg: Any) -> int:
+def lora_engine_rank(cfg: PPOConfig) -> int:
     """The LoRA rank the run's vLLM engines serve: vLLM's rank for --lora_rank when an adapter-only sync may be used
     (--lora_sync auto or adapter, nothing in the flags against it), else 0 (plain engines)."""
     from rlhfkit.rollout.lora_sync import adapter_sync_blocker, engine_max_lora_rank
@@ -414,7 +415,7 @@ def lora_engine_rank(cfg: Any) -> int:
     return engine_max_lora_rank(cfg.lora_rank)
 
 
-def resolve_run_lora_sync(cfg: Any, engines: list[Any]) -> None:
+def resolve_run_lora_sync(cfg: PPOConfig, engines: list[Any]) -> None:
     """Set cfg.lora_sync to adapter or merged (--lora_sync auto resolved against the engines), logging the reason
     once when the run trains LoRA."""
     from rlhfkit.rollout.lora_sync import resolve_lora_sync
@@ -425,7 +426,7 @@ def resolve_run_lora_sync(cfg: Any, engines: list[Any]) -> None:
         log.info("LoRA weight sync: %s (%s)", cfg.lora_sync, reason)
 
 
-def build_rewards(cfg: Any, tokenizer: Any, groups: list[ModelGroup], specs: list[str]) -> RolloutRewards:
+def build_rewards(cfg: PPOConfig, tokenizer: Any, groups: list[ModelGroup], specs: list[str]) -> RolloutRewards:
     weights = [float(w) for w in cfg.reward_weights.split(",")] if cfg.reward_weights else None
     try:
         return RolloutRewards([(f"rm:{spec}", g) for spec, g in zip(specs, groups)], text_sources(cfg),
@@ -435,7 +436,7 @@ def build_rewards(cfg: Any, tokenizer: Any, groups: list[ModelGroup], specs: lis
         raise ConfigError(str(err)) from None
 
 
-def load_ptx(cfg: Any, tokenizer: Any) -> PromptStream | None:
+def load_ptx(cfg: PPOConfig, tokenizer: Any) -> PromptStream | None:
     """--pretrain_data as SFT samples (input_ids, loss_mask), max length --prompt_max_len + --generate_max_len."""
     if not cfg.pretrain_data or cfg.ptx_coef == 0:
         return None
@@ -455,7 +456,7 @@ def load_ptx(cfg: Any, tokenizer: Any) -> PromptStream | None:
     return PromptStream(samples, cfg.seed + 1)
 
 
-def build_setup(cfg: Any, engines: list[Any] | None = None, best: Any = None) -> RLSetup:
+def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = None) -> RLSetup:
     """Everything a run needs. `engines`: already-running rollout engines to reuse (tests, notebooks); `best`: the
     --best_metric_key tracker (restored on resume)."""
     validate_rl(cfg)
@@ -550,7 +551,7 @@ def _threads_line(actor: ModelGroup, engines: list[Any]) -> str:
         (",".join(map(str, sorted(set(engine_threads)))) or "none")
 
 
-def _layout(cfg: Any) -> str:
+def _layout(cfg: PPOConfig) -> str:
     if cfg.colocate_all_models:
         return "all models + engines colocated"
     parts = [name for flag, name in ((cfg.colocate_actor_ref, "actor+ref"), (cfg.colocate_critic_reward,

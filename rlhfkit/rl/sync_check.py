@@ -23,6 +23,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from rlhfkit.config.commands import PPOConfig
 from rlhfkit.errors import WeightSyncMismatch
 
 log = logging.getLogger("rlhfkit")
@@ -46,7 +47,7 @@ class SyncCheck:
     dtypes: str            # "trainer fp32, engine fp32" (for the error)
 
     @classmethod
-    def from_run(cls, prompts: list[dict], cfg: Any) -> SyncCheck:
+    def from_run(cls, prompts: list[dict], cfg: PPOConfig) -> SyncCheck:
         """The probe from the run's first two prompts, cut to fit the engines' context (--prompt_max_len +
         --generate_max_len)."""
         room = cfg.prompt_max_len + cfg.generate_max_len

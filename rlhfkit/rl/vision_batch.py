@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.commands import PPOConfig
+from rlhfkit.config.validate import need
 from rlhfkit.errors import ConfigError
 
 log = logging.getLogger("rlhfkit")
@@ -48,7 +50,7 @@ def keeps_vision_tower(cfg: Any) -> bool:
     return bool(getattr(cfg, "freeze_vision_tower", False)) and is_vision_language(cfg.pretrain)
 
 
-def validate_vision(cfg: Any, needs_critic: bool) -> None:
+def validate_vision(cfg: PPOConfig, needs_critic: bool) -> None:
     """Refuse, naming the flag, what images cannot go with (before anything starts)."""
     if not cfg.image_key:
         return
@@ -59,7 +61,7 @@ def validate_vision(cfg: Any, needs_critic: bool) -> None:
                                                    "packed sample; drop --packing_samples"),
         ((cfg.ring_attn_size or 1) > 1, "--ring_attn_size", "ring attention splits the sequence, the image "
                                                            "tokens with it"),
-        ((getattr(cfg, "ds_tensor_parallel_size", 1) or 1) > 1, "--ds_tensor_parallel_size",
+        ((cfg.ds_tensor_parallel_size or 1) > 1, "--ds_tensor_parallel_size",
          "the tensor-parallel plan covers text decoders only"),
         (cfg.agent_func_path, "--agent_func_path", "agent episodes are text-only"),
         (cfg.async_train and cfg.partial_rollout, "--partial_rollout", "resumed chunks do not carry images"),
@@ -76,14 +78,14 @@ def validate_vision(cfg: Any, needs_critic: bool) -> None:
             raise ConfigError(f"{flag} with --image_key is not supported: {why}")
 
 
-def check_vision_model(cfg: Any) -> None:
+def check_vision_model(cfg: PPOConfig) -> None:
     """--image_key needs a vision-language --pretrain (checked once --pretrain is resolved to a folder)."""
     if cfg.image_key and not is_vision_language(cfg.pretrain):
         raise ConfigError(f"--image_key {cfg.image_key}: --pretrain {cfg.pretrain} is not a vision-language model "
                           "(its config.json has no vision_config); give a vision-language folder or drop --image_key")
 
 
-def image_column(cfg: Any, spec: str) -> Any:
+def image_column(cfg: PPOConfig, spec: str) -> Any:
     """The `ImageColumn` of a prompt data spec (relative image paths resolved against a single file's folder; the
     placeholder is the --pretrain processor's)."""
     from rlhfkit.data.prompts import ImageColumn
@@ -93,8 +95,8 @@ def image_column(cfg: Any, spec: str) -> Any:
     if "," not in spec:
         base = os.path.dirname(os.path.abspath(spec)) if os.path.isfile(spec) else spec if os.path.isdir(spec) \
             else None
-    placeholder = image_placeholder(load_processor(cfg.pretrain))
-    return ImageColumn(cfg.image_key, cfg.max_images_per_prompt, placeholder, base, spec)
+    placeholder = image_placeholder(load_processor(need(cfg.pretrain, "--pretrain")))
+    return ImageColumn(need(cfg.image_key, "--image_key"), cfg.max_images_per_prompt, placeholder, base, spec)
 
 
 @dataclass

@@ -19,18 +19,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhfkit.config.commands import PPOConfig
 from rlhfkit.rl.group import ModelGroup
 from rlhfkit.rl.vision_batch import keeps_vision_tower
 from rlhfkit.rollout.types import SyncStats
 from rlhfkit.rollout.weight_sync import sync_weights
 
 
-def push_actor_weights(actor: ModelGroup, engines: list[Any], cfg: Any) -> SyncStats:
+def push_actor_weights(actor: ModelGroup, engines: list[Any], cfg: PPOConfig) -> SyncStats:
     """Load the actor's current full weights into every rollout engine in place, over `cfg.vllm_sync_backend`
     (already resolved: ray, gloo or nccl)."""
     bucket_bytes = cfg.weight_sync_bucket_mb << 20
     backend = cfg.vllm_sync_backend
-    adapter = getattr(cfg, "lora_sync", "merged") == "adapter"
+    adapter = cfg.lora_sync == "adapter"
     if backend == "ray":
         state = next(sd for sd in actor.call("state_dict_for_sync", adapter) if sd is not None)
         lora_config = actor.call("lora_config")[0] if adapter else None

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.commands import PPOConfig
 from rlhfkit.errors import ConfigError
 from rlhfkit.rollout.remote import call_all
 
@@ -89,13 +90,13 @@ def write_adapter_folder(path: str, named: Iterable[tuple[str, torch.Tensor]], c
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def adapter_sync_blocker(cfg: Any) -> str | None:
+def adapter_sync_blocker(cfg: PPOConfig) -> str | None:
     """Why the run's flags rule out adapter sync (None: they do not): no LoRA, the HF backend, a 4-bit base."""
     if cfg.lora_rank <= 0:
         return "--lora_rank is 0 (no adapter: the full weights train)"
     if cfg.rollout_backend != "vllm":
         return f"--rollout_backend {cfg.rollout_backend} (only vLLM engines serve LoRA adapters)"
-    if getattr(cfg, "load_in_4bit", False):
+    if cfg.load_in_4bit:
         return ("--load_in_4bit (the trainer's base is the NF4-dequantized one, the engines' the full-precision "
                 "--pretrain: only a merged sync sends the trainer's base)")
     if cfg.lora_rank > VLLM_LORA_RANKS[-1]:
@@ -103,7 +104,7 @@ def adapter_sync_blocker(cfg: Any) -> str | None:
     return None
 
 
-def resolve_lora_sync(cfg: Any, engine_infos: list[dict[str, Any]]) -> tuple[str, str]:
+def resolve_lora_sync(cfg: PPOConfig, engine_infos: list[dict[str, Any]]) -> tuple[str, str]:
     """(mode, reason): "adapter" or "merged" for `--lora_sync` (auto, adapter, merged) given the engines'
     `weight_sync_info()`. auto = adapter where every engine serves LoRA of this rank, else merged with the reason;
     an explicit adapter that cannot work is a ConfigError naming why."""
