@@ -462,7 +462,7 @@ EFFECTS: dict[str, Effect] = {
                                      _PPO_OPTS + "test_dynamic_batch_gives_the_same_update"),
     "ppo:packing_samples": _t("one packed row per micro-batch, each shared prompt once; the packed step equals the "
                               "padded one (metrics and weights)",
-                              "tests/rl/test_packing.py::test_a_packed_ppo_step_equals_the_padded_one",
+                              "tests/rl/test_packing.py::test_packed_ppo_steps_equal_the_padded_ones",
                               "tests/rl/test_packing.py::"
                               "test_packed_log_probs_entropy_and_gradients_equal_the_padded_forward"),
     "async_train": _t("generation one step ahead (one step off-policy), still learns",
