@@ -102,8 +102,12 @@ def generate_and_score(engines: list[Any], prompts: list[dict[str, Any]], sampli
     labels = [prompts[s.prompt_index].get("label") for s in samples]
     queries = [p + t for p, t in zip(prompt_texts, texts)]
     score_rollout = getattr(reward_fn, "score_rollout", None)
-    out = score_rollout(samples, queries, prompt_texts, labels) if score_rollout else \
-        reward_fn(queries, prompt_texts, labels)
+    if score_rollout is not None:
+        out = score_rollout(samples, queries, prompt_texts, labels)
+    elif reward_fn is not None:
+        out = reward_fn(queries, prompt_texts, labels)
+    else:
+        raise ValueError("generate_and_score: no reward_fn (only an agent's episodes reward themselves)")
     timer.add("reward", began)
     return Rollout(prompts, samples, out.rewards.float(), out.scores.float(), texts, out.failed, out.extra_logs)
 
@@ -166,12 +170,20 @@ def apply_length_penalties(rollout: Rollout, exp: Experience, cfg: PPOConfig) ->
     reward, as in OpenRLHF), before any advantage; returns `rollout/*` metrics (none when both are off)."""
     if cfg.overlong_buffer_len is None and cfg.stop_properly_penalty_coef is None:
         return {}
-    rewards, metrics = length_penalties(exp.rewards, exp.response_length, exp.info["truncated"],
+    rewards, metrics = length_penalties(filled(exp.rewards, "rewards"), exp.response_length, exp.info["truncated"],
                                         cfg.generate_max_len, overlong_buffer_len=cfg.overlong_buffer_len,
                                         overlong_penalty_factor=cfg.overlong_penalty_factor,
                                         stop_properly_penalty_coef=cfg.stop_properly_penalty_coef)
     exp.rewards = rollout.rewards = rewards
     return {f"rollout/{k}": v for k, v in metrics.items()}
+
+
+def filled(value: torch.Tensor | None, name: str) -> torch.Tensor:
+    """An Experience field an earlier stage of the step sets (`to_experience`: rewards and scores); a None here is a
+    bug in the pipeline's order, not a user error."""
+    if value is None:
+        raise ValueError(f"the experience has no {name} yet: to_experience sets it before this stage")
+    return value
 
 
 def model_batch(exp: Experience) -> dict[str, torch.Tensor]:
@@ -208,24 +220,26 @@ def fill_log_probs_and_advantages(exp: Experience, cfg: PPOConfig, actor: Any, r
     if critic is not None:
         calls.append((critic, partial(critic.map_rows_async, "values", batch)))
     results = run_side_by_side(calls)  # separate placement groups: at the same time
+    old = None
     if not reuse:
-        exp.old_log_probs = results.pop(0)
+        old = exp.old_log_probs = results.pop(0)
     mask = exp.action_mask
     if ref is not None:
         exp.ref_log_probs = results.pop(0)
-        if not reuse:  # reused: the KL is the training step's kl_loss (--use_kl_loss), on the same policy
-            exp.kl = compute_kl(exp.old_log_probs, exp.ref_log_probs, mask, cfg.kl_estimator)
+        if old is not None:  # reused: the KL is the training step's kl_loss (--use_kl_loss), on the same policy
+            exp.kl = compute_kl(old, exp.ref_log_probs, mask, cfg.kl_estimator)
     if critic is not None:
         exp.values = results.pop(0)
     timer.add("log_probs", began)
     penalty = ref is not None and kl_mode_of(cfg.init_kl_coef, cfg.use_kl_loss) == "penalty"
     kl_coef = (cfg.init_kl_coef if kl_coef is None else kl_coef) if penalty else 0.0
+    clip_low, clip_high = cfg.reward_clip_range
     exp.advantages, exp.returns = compute_advantages_and_returns(
-        cfg.advantage_estimator, exp.rewards, mask, n_samples_per_prompt=cfg.n_samples_per_prompt,
+        cfg.advantage_estimator, filled(exp.rewards, "rewards"), mask, n_samples_per_prompt=cfg.n_samples_per_prompt,
         values=exp.values, kl=exp.kl, kl_coef=kl_coef, gamma=cfg.gamma, lambd=cfg.lambd,
-        reward_clip_range=tuple(cfg.reward_clip_range), std_norm=not cfg.no_advantage_std_norm)
-    metrics = {} if reuse else {f"rollout/{k}": float(v) for k, v in
-                                logprob_mismatch(exp.old_log_probs, exp.rollout_log_probs, mask).items()}
+        reward_clip_range=(clip_low, clip_high), std_norm=not cfg.no_advantage_std_norm)
+    metrics = {} if old is None else {f"rollout/{k}": float(v) for k, v in
+                                      logprob_mismatch(old, exp.rollout_log_probs, mask).items()}
     if exp.kl is not None:
         metrics["rollout/kl"] = float(masked_mean(exp.kl, mask))
     return metrics

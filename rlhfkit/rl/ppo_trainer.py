@@ -20,6 +20,7 @@ import torch
 
 from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.parse import config_to_dict
+from rlhfkit.config.validate import need
 from rlhfkit.engine.best import BestTracker, check_key, tracker_for
 from rlhfkit.errors import ConfigError
 from rlhfkit.observability.console import print_derived_table, progress_bar
@@ -45,6 +46,7 @@ from rlhfkit.rl.make_experience import (
     Timer,
     apply_length_penalties,
     fill_log_probs_and_advantages,
+    filled,
     generate_and_score,
     keep_groups,
     merge_rollouts,
@@ -182,8 +184,11 @@ def stage_utilisation(s: RLSetup, exp: Experience, timer: Timer) -> dict[str, fl
     out = {"perf/generation_tokens_per_s": float(exp.action_mask.sum()) / max(seconds.get("generation", 0.0), 1e-9)}
     if flops is None:
         return out
-    ceiling = cfg.precision.ceiling_gflops()
-    devices = s.actor.world_size if cfg.precision.device == "cuda" else cfg.actor_num_nodes
+    precision = cfg.precision
+    if precision is None:
+        raise RuntimeError("stage_utilisation: cfg.precision is unset (build_setup's apply_precision sets it)")
+    ceiling = precision.ceiling_gflops()
+    devices = s.actor.world_size if precision.device == "cuda" else cfg.actor_num_nodes
     policy_tokens = packed_tokens(exp) if cfg.packing_samples else tokens  # the critic's pass stays padded
     train = flops.training(policy_tokens, logit_tokens) + (flops.training(tokens, 0) if s.critic is not None else 0.0)
     policy_passes = (exp.old_log_probs is not None) + (s.ref is not None)  # actor (unless reused) and reference
@@ -218,8 +223,8 @@ def rollout_metrics(rollout: Rollout, exp: Experience) -> dict[str, float]:
                "rollout/reward_failed": float(rollout.reward_failed)}
     if any(x.action_mask is not None for x in rollout.samples):  # multi-turn agent episodes
         metrics["rollout/turns_mean"] = sum(x.extra["turns"] for x in rollout.samples) / len(rollout.samples)
-        metrics["rollout/env_tokens_mean"] = sum(x.action_mask.count(False) for x in rollout.samples) / \
-            len(rollout.samples)
+        metrics["rollout/env_tokens_mean"] = sum(x.action_mask.count(False) for x in rollout.samples
+                                                 if x.action_mask is not None) / len(rollout.samples)
     for key, value in rollout.extra_logs.items():
         if isinstance(value, torch.Tensor) and value.numel() and value.dtype.is_floating_point:
             metrics[f"reward/{key}"] = float(value.float().mean())
@@ -251,7 +256,7 @@ def evaluate(s: RLSetup, step: int) -> dict[str, float]:
 def _write_samples(s: RLSetup, step: int, rollout: Rollout, kind: str, limit: int = 6) -> None:
     """The first sample of each of the first `limit` prompts, to samples.jsonl (for the report)."""
     rows = [i for i, sample in enumerate(rollout.samples) if sample.sample_index == 0][:limit]
-    with (Path(s.cfg.run_dir) / "samples.jsonl").open("a") as f:
+    with (Path(need(s.cfg.run_dir, "--run_dir")) / "samples.jsonl").open("a") as f:
         for i in rows:
             prompt = rollout.prompts[rollout.samples[i].prompt_index]
             f.write(json.dumps({"step": step, "kind": kind, "prompt": prompt["prompt"], "response": rollout.texts[i],
@@ -294,10 +299,11 @@ def _loop(s: RLSetup) -> dict[str, float]:
     """One step: rollout -> experience -> train -> sync -> log/checkpoint/eval. With --async_train the rollouts of
     steps t+1 .. t+N (--async_queue_size) are generated while step t trains (`rl.async_rollout.RolloutQueue`)."""
     cfg = s.cfg
+    run_dir = need(cfg.run_dir, "--run_dir")  # set by build_setup (prepare_run_dir)
     stream = PromptStream(s.prompts, cfg.seed, s.start_cursor)
     sampling = SamplingConfig.from_args(cfg, stop_token_ids=s.stop_ids)
-    print_derived_table("rlhfkit ppo", {**s.summary, "run dir": cfg.run_dir})
-    metrics_log = MetricsLogger(cfg.run_dir, cfg)
+    print_derived_table("rlhfkit ppo", {**s.summary, "run dir": run_dir})
+    metrics_log = MetricsLogger(run_dir, cfg)
     bar = progress_bar(s.total_steps, s.start_step, True, "ppo")
     last: dict[str, float] = {}
     faults = EngineFaults(s)  # a dead or hung engine is restarted (--max_engine_restarts), see rl/engine_faults.py
@@ -318,9 +324,9 @@ def _loop(s: RLSetup) -> dict[str, float]:
         ahead, waited = queue.take(step, faults) if queue is not None else (None, 0.0)
         rollout, filter_metrics, timer = ahead or collect(faults)
         exp = to_experience(rollout, s.tokenizer.pad_token_id)
-        if getattr(s, "vision", None) is not None:  # --image_key: the rows' pixel tensors
+        if s.vision is not None:  # --image_key: the rows' pixel tensors
             attach_pixels(exp, rollout, s.vision)
-        raw_rewards = exp.rewards
+        raw_rewards = filled(exp.rewards, "rewards")
         penalty_metrics = apply_length_penalties(rollout, exp, cfg)  # before the advantages
         metrics = {**filter_metrics, **rollout_metrics(rollout, exp), **penalty_metrics}
         if queue is not None:
@@ -339,7 +345,7 @@ def _loop(s: RLSetup) -> dict[str, float]:
         if getattr(s, "kl_ctl", None) is not None and "rollout/kl" in metrics:  # adaptive KL: the next coefficient
             s.kl_ctl.update(metrics["rollout/kl"], cfg.rollout_batch_size * cfg.n_samples_per_prompt)
         if record is not None:
-            write_dump(cfg.run_dir, record)
+            write_dump(run_dir, record)
         if queue is not None and queue.items:
             metrics["time/wait_rollout"] = waited + queue.before_sync(faults)
         with gate.lock:  # with --partial_rollout the generation in flight pauses here, and resumes with the new weights
@@ -363,10 +369,10 @@ def _loop(s: RLSetup) -> dict[str, float]:
     if queue is not None:
         queue.close()
     bar.close()
-    record_placement(cfg.run_dir, collect_whereabouts(s.groups, s.engines))  # now with prompts per engine
+    record_placement(run_dir, collect_whereabouts(s.groups, s.engines))  # now with prompts per engine
     save_final(s)
     metrics_log.close()
-    (Path(cfg.run_dir) / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2, default=str))
+    (Path(run_dir) / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2, default=str))
     return last
 
 

@@ -1,9 +1,5 @@
-"""Set-up of an online run: Ray, data, model groups and their placement, rollout engines, rewards, resume.
-
-Placement: every role is a `ModelGroup` of `--<role>_num_nodes x --<role>_num_gpus_per_node` ranks in a Ray
-placement group. `--colocate_actor_ref` puts the reference on the actor's bundles, `--colocate_critic_reward` the
-reward model(s) on the critic's, `--colocate_all_models` every model and the vLLM engines on the actor's; roles on
-the same bundles split it (a fraction of a GPU each, or of the bundle's logical CPU).
+"""Set-up of an online run: Ray, data, model groups and their placement (`rlhfkit.rl.placement`), rollout engines,
+rewards, resume; the flags are checked first (`rlhfkit.rl.validate`).
 """
 
 from __future__ import annotations
@@ -18,34 +14,33 @@ import torch
 
 from rlhfkit.agents.environment import AgentSpec, load_agent
 from rlhfkit.algorithms.rewards import AdaptiveKLController, FixedKLController
-from rlhfkit.config.commands import PPOConfig
-from rlhfkit.config.optim_options import validate_optim
+from rlhfkit.config.commands import PPOConfig, PrecisionRecord
 from rlhfkit.config.parse import config_to_dict
 from rlhfkit.config.plan import RLPlan, resolve_plan
-from rlhfkit.config.validate import require
+from rlhfkit.config.validate import need
 from rlhfkit.data.prompts import build_prompt_samples
 from rlhfkit.data.readers import blend_datasets
-from rlhfkit.engine.ema import validate_ema
 from rlhfkit.engine.precision import apply_precision
 from rlhfkit.errors import ConfigError, RemoteCallError
 from rlhfkit.launch.preflight import preflight
 from rlhfkit.launch.ray_cluster import cluster_has_gpus, start_ray
-from rlhfkit.models.loading import attention_kernel, load_tokenizer, resolve_pretrain, stop_token_ids
+from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_ids
 from rlhfkit.observability.mfu import FlopModel
 from rlhfkit.observability.placement import collect_whereabouts, record_placement
 from rlhfkit.observability.run import prepare_run_dir, record_resume
 from rlhfkit.rl.colocation import Phases
-from rlhfkit.rl.debug_dump import dump_steps
-from rlhfkit.rl.group import ModelGroup, make_placement_group
+from rlhfkit.rl.group import ModelGroup
 from rlhfkit.rl.make_experience import PromptStream
+from rlhfkit.rl.placement import Placement, plan_placement
 from rlhfkit.rl.reward_group import RolloutRewards, model_specs, text_sources
-from rlhfkit.rl.ring import validate_ring
 from rlhfkit.rl.sync_check import SyncCheck
-from rlhfkit.rl.vision_batch import VisionInputs, check_vision_model, image_column, validate_vision
+from rlhfkit.rl.validate import validate_rl
+from rlhfkit.rl.vision_batch import VisionInputs, check_vision_model, image_column
 from rlhfkit.rl.weight_push import push_actor_weights
 from rlhfkit.rollout.remote import call_all, set_remote_call_timeout, wait_remote
 
 log = logging.getLogger("rlhfkit")
+InitCall = tuple[ModelGroup, tuple[Any, ...]]  # (group, (method, *args)): one group's model initialisation
 
 
 @dataclass
@@ -130,134 +125,12 @@ class RLSetup:
             ray.shutdown()
 
 
-def validate_rl(cfg: PPOConfig) -> None:
-    require(cfg, "pretrain", "prompt_data")
-    if cfg.agent_func_path and (cfg.remote_rm_url or cfg.reward_pretrain):
-        given = "--remote_rm_url" if cfg.remote_rm_url else "--reward_pretrain"
-        raise ConfigError(f"--agent_func_path and {given} both give the reward: an agent environment rewards its "
-                          f"episodes from step(); drop {given}, or call your reward inside step()")
-    if cfg.agent_action_max_len is not None and (cfg.agent_action_max_len < 1 or not cfg.agent_func_path):
-        raise ConfigError(f"--agent_action_max_len {cfg.agent_action_max_len}: must be >= 1 and goes with "
-                          "--agent_func_path (it caps one turn of a multi-turn episode)")
-    if not (cfg.remote_rm_url or cfg.reward_pretrain or cfg.agent_func_path):
-        raise ConfigError("give a reward: --remote_rm_url (reward_func .py, builtin:NAME or http URL) "
-                          "or --reward_pretrain")
-    if cfg.lora_sync == "adapter":  # what the flags alone rule out fails before anything starts
-        from rlhfkit.rollout.lora_sync import adapter_sync_blocker
-
-        if (blocker := adapter_sync_blocker(cfg)) is not None:
-            raise ConfigError(f"--lora_sync adapter cannot work here: {blocker}. Use --lora_sync merged (or auto)")
-    plan = resolve_plan(cfg)
-    validate_vision(cfg, plan.needs_critic)
-    validate_ring(cfg, {role: plan.world(role) for role, used in (("actor", True), ("ref", plan.needs_ref),
-                                                                  ("critic", plan.needs_critic)) if used})
-    trained = ("actor", "critic") if plan.needs_critic else ("actor",)
-    validate_optim(cfg, trained, absent=() if plan.needs_critic else ("critic",))
-    if plan.group_estimator and cfg.n_samples_per_prompt < 2:
-        raise ConfigError(f"--advantage_estimator {cfg.advantage_estimator} compares the samples of a prompt: "
-                          "set --n_samples_per_prompt >= 2")
-    if plan.group_estimator and cfg.gamma != 1.0:
-        raise ConfigError(f"--gamma {cfg.gamma} with --advantage_estimator {cfg.advantage_estimator}: a group "
-                          "baseline compares whole-response rewards, so the returns are undiscounted (OpenRLHF "
-                          "sets gamma to 1 for it): drop --gamma, or use gae / reinforce")
-    if cfg.packing_samples and attention_kernel(cfg.attn_implementation) not in ("sdpa", "eager"):  # as it runs
-        raise ConfigError(f"--packing_samples with --attn_implementation {cfg.attn_implementation}: the packed row "
-                          "needs a 4D block mask, which only sdpa and eager honour; use one of them, or drop "
-                          "--packing_samples")
-    _validate_algorithm_flags(cfg)
-    validate_ema(cfg)
-    if cfg.dynamic_filtering and cfg.n_samples_per_prompt < 2:
-        raise ConfigError("--dynamic_filtering needs --n_samples_per_prompt >= 2")
-    buffer = cfg.rollout_batch_size * cfg.n_samples_per_prompt
-    if buffer % cfg.train_batch_size and not cfg.dynamic_filtering:
-        raise ConfigError(f"--rollout_batch_size x --n_samples_per_prompt = {buffer} is not a multiple of "
-                          f"--train_batch_size {cfg.train_batch_size}")
-    if cfg.top_p < 1.0:
-        log.warning("--top_p %s < 1: the trainer's log-probs do not model the truncated sampling distribution",
-                    cfg.top_p)
-    if cfg.reward_weights is not None:
-        try:
-            [float(w) for w in cfg.reward_weights.split(",")]
-        except ValueError:
-            raise ConfigError(f"--reward_weights {cfg.reward_weights!r}: expected comma-separated numbers") from None
-    if cfg.ptx_coef < 0:
-        raise ConfigError(f"--ptx_coef {cfg.ptx_coef} must be >= 0")
-    if cfg.pretrain_data and cfg.ptx_coef == 0:
-        log.warning("--pretrain_data is given but --ptx_coef is 0: the auxiliary loss is off")
-    if cfg.async_train and cfg.colocate_all_models:
-        raise ConfigError("--async_train generates while the models train, but --colocate_all_models puts the engines "
-                          "on the training devices (they take turns): drop one of the two")
-    _validate_async(cfg)
-    if cfg.async_train and not cfg.enable_vllm_is_correction:
-        log.warning("--async_train samples with weights one step old: add --enable_vllm_is_correction to correct "
-                    "the policy loss with truncated importance weights")
-    dump_steps(cfg.debug_dump_steps)  # ConfigError on a bad value
-    _validate_colocation(cfg, plan)
-
-
-def _validate_async(cfg: PPOConfig) -> None:
-    """--async_queue_size and --partial_rollout (rl/async_rollout.py)."""
-    if cfg.async_queue_size < 1:
-        raise ConfigError(f"--async_queue_size {cfg.async_queue_size}: must be >= 1 (rollouts generated ahead)")
-    if cfg.partial_rollout and not cfg.async_train:
-        raise ConfigError("--partial_rollout resumes generations across weight syncs while the trainer steps: it "
-                          "needs --async_train")
-    if cfg.partial_rollout and cfg.agent_func_path:
-        raise ConfigError("--partial_rollout chunks single-turn generation; with --agent_func_path the episodes "
-                          "are generated whole: drop one of the two")
-    if cfg.partial_rollout_chunk_tokens < 1:
-        raise ConfigError(f"--partial_rollout_chunk_tokens {cfg.partial_rollout_chunk_tokens}: must be >= 1")
-
-
 def kl_controller(cfg: PPOConfig) -> AdaptiveKLController | FixedKLController:
     """The KL coefficient of each step: adaptive from --init_kl_coef with --kl_target (updated by the loop after
     every step from the measured KL, over --rollout_batch_size x --n_samples_per_prompt samples), else fixed."""
     if cfg.kl_target is not None:
         return AdaptiveKLController(cfg.init_kl_coef, cfg.kl_target, cfg.kl_horizon)
     return FixedKLController(cfg.init_kl_coef)
-
-
-def _validate_algorithm_flags(cfg: PPOConfig) -> None:
-    """--kl_target / --kl_horizon, --use_unbiased_kl and the length penalties."""
-    if cfg.kl_target is not None:
-        if cfg.kl_target <= 0 or cfg.kl_horizon <= 0:
-            raise ConfigError(f"--kl_target {cfg.kl_target} and --kl_horizon {cfg.kl_horizon} must be > 0")
-        if cfg.init_kl_coef <= 0:
-            raise ConfigError("--kl_target adapts the KL coefficient from --init_kl_coef, which is 0 (no reference "
-                              "model, and 0 stays 0): set --init_kl_coef > 0")
-    if cfg.use_kl_loss and cfg.init_kl_coef <= 0:
-        raise ConfigError("--use_kl_loss adds init_kl_coef x KL(policy || reference) to the loss, but "
-                          f"--init_kl_coef is {cfg.init_kl_coef} (no reference model is loaded): set --init_kl_coef "
-                          "> 0, or drop --use_kl_loss")
-    if cfg.use_unbiased_kl and not cfg.use_kl_loss:
-        raise ConfigError("--use_unbiased_kl weights the KL loss: it goes with --use_kl_loss")
-    if cfg.overlong_buffer_len is not None and not 0 < cfg.overlong_buffer_len <= cfg.generate_max_len:
-        raise ConfigError(f"--overlong_buffer_len {cfg.overlong_buffer_len} must be in (0, --generate_max_len "
-                          f"{cfg.generate_max_len}]")
-    coef = cfg.stop_properly_penalty_coef
-    if coef is not None and coef > 1:
-        raise ConfigError(f"--stop_properly_penalty_coef {coef}: a scale in [0, 1], or a fixed reward < 0")
-
-
-def _validate_colocation(cfg: PPOConfig, plan: RLPlan) -> None:
-    """Colocated roles share bundles rank for rank, so their rank counts must match (as in OpenRLHF)."""
-    has_critic = plan.needs_critic
-    has_rm = bool(model_specs(cfg))
-    pairs = []
-    if cfg.colocate_all_models:
-        pairs += [("ref", plan.needs_ref), ("critic", has_critic), ("reward", has_rm)]
-        pairs = [("actor", role, used) for role, used in pairs]
-    else:
-        if cfg.colocate_actor_ref:
-            pairs.append(("actor", "ref", plan.needs_ref))
-        if cfg.colocate_critic_reward:
-            pairs.append(("critic", "reward", has_critic and has_rm))
-    for a, b, used in pairs:
-        if used and plan.world(a) != plan.world(b):
-            flag = "--colocate_all_models" if cfg.colocate_all_models else f"--colocate_{a}_{b}"
-            raise ConfigError(f"{flag}: the {a} has {plan.world(a)} ranks ({a}_num_nodes x {a}_num_gpus_per_node) "
-                              f"but the {b} {plan.world(b)}; colocated roles share bundles rank for rank: set "
-                              f"--{b}_num_nodes {plan.nodes(a)} --{b}_num_gpus_per_node {plan.ranks_per_node(a)}")
 
 
 def load_prompts(cfg: PPOConfig, tokenizer: Any, spec: str, split: str, probs: str | None = None) -> list[dict]:
@@ -271,51 +144,6 @@ def load_prompts(cfg: PPOConfig, tokenizer: Any, spec: str, split: str, probs: s
     if not samples:
         raise ConfigError(f"no usable prompts in {spec} (stats {stats}): check --input_key and --prompt_max_len")
     return samples
-
-
-@dataclass
-class Placement:
-    """The placement groups of a run and how many roles share each one's bundles."""
-
-    groups: dict[str, Any] = field(default_factory=dict)   # role -> placement group
-    sharing: dict[int, int] = field(default_factory=dict)  # id(placement group) -> roles on its bundles
-    owned: list[Any] = field(default_factory=list)
-
-    def new(self, plan: RLPlan, role: str) -> Any:
-        pg = make_placement_group(plan.nodes(role), plan.ranks_per_node(role), 1.0)
-        self.owned.append(pg)
-        return pg
-
-    def put(self, role: str, pg: Any) -> None:
-        self.groups[role] = pg
-        self.sharing[id(pg)] = self.sharing.get(id(pg), 0) + 1
-
-    def share(self, role: str) -> float:
-        """The fraction of a bundle each role on `role`'s placement group gets."""
-        return 1.0 / self.sharing[id(self.groups[role])]
-
-
-def plan_placement(cfg: PPOConfig, plan: RLPlan, reward_specs: list[str], create_engines: bool) -> Placement:
-    """Placement groups per role: roles named by a colocation flag share the bundles of the group they join."""
-    has_critic, need_ref = plan.needs_critic, plan.needs_ref
-    p = Placement()
-    p.put("actor", p.new(plan, "actor"))
-    everything = cfg.colocate_all_models
-    if need_ref:
-        p.put("ref", p.groups["actor"] if (everything or cfg.colocate_actor_ref) else p.new(plan, "ref"))
-    if has_critic:
-        p.put("critic", p.groups["actor"] if everything else p.new(plan, "critic"))
-    for k, _ in enumerate(reward_specs):
-        if everything:
-            pg = p.groups["actor"]
-        elif cfg.colocate_critic_reward and has_critic:
-            pg = p.groups["critic"]
-        else:
-            pg = p.new(plan, "reward")
-        p.put(f"reward{k}", pg)
-    if everything and create_engines:
-        p.put("engines", p.groups["actor"])
-    return p
 
 
 def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: dict, total_updates: int, reward_specs: list[str],
@@ -334,7 +162,7 @@ def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: dict, total_updates: int, 
         return made[-1]
 
     actor = group("actor", "actor")
-    pending = [(actor, ("init_model", cfg.pretrain, True, total_updates, cfg.actor_learning_rate))]
+    pending: list[InitCall] = [(actor, ("init_model", cfg.pretrain, True, total_updates, cfg.actor_learning_rate))]
     ref = None
     if need_ref:
         ref = group("ref", "ref")
@@ -352,7 +180,7 @@ def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: dict, total_updates: int, 
     return actor, ref, critic, rewards
 
 
-def _init_all(pending: list[tuple[ModelGroup, tuple]]) -> list[int]:
+def _init_all(pending: list[InitCall]) -> list[int]:
     """Initialise every group's model concurrently (the groups load in parallel, each rank set collectively);
     returns each group's parameter count."""
     refs = [[getattr(w, args[0]).remote(*args[1:]) for w in g.workers] for g, args in pending]
@@ -466,40 +294,30 @@ def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = No
     owns_ray = start_ray(cfg)
     has_gpus = cluster_has_gpus()
     plan = resolve_plan(cfg, has_gpus)  # the derived facts, the weight transport resolved against this cluster
-    cfg.vllm_sync_backend = plan.sync_transport
+    cfg.vllm_sync_backend = _resolved_transport(plan)
     # before worker_cfg (workers get concrete dtypes); the driver never creates a CUDA context of its own
-    apply_precision(cfg, "cuda" if has_gpus else "cpu", touch_device=False)
-    prepare_run_dir(cfg, True, plan.world("actor"), torchrun=False)  # the driver starts the ranks: no torchrun
-    cfg.pretrain = resolve_pretrain(cfg.pretrain)
-    tokenizer = load_tokenizer(cfg.pretrain, use_fast=not cfg.disable_fast_tokenizer)
-    if cfg.tokenizer_chat_template:
-        tokenizer.chat_template = cfg.tokenizer_chat_template
+    precision = apply_precision(cfg, "cuda" if has_gpus else "cpu", touch_device=False)
+    run_dir = prepare_run_dir(cfg, True, plan.world("actor"), torchrun=False)  # the driver starts the ranks
+    pretrain = cfg.pretrain = resolve_pretrain(need(cfg.pretrain, "--pretrain"))
+    tokenizer = _policy_tokenizer(cfg, pretrain)
     check_vision_model(cfg)
-    vision = VisionInputs.load(cfg.pretrain) if cfg.image_key else None
-    prompts = load_prompts(cfg, tokenizer, cfg.prompt_data, cfg.prompt_split, cfg.prompt_data_probs)
+    vision = VisionInputs.load(pretrain) if cfg.image_key else None
+    prompts = load_prompts(cfg, tokenizer, need(cfg.prompt_data, "--prompt_data"), cfg.prompt_split,
+                           cfg.prompt_data_probs)
     eval_prompts = load_prompts(cfg, tokenizer, cfg.eval_dataset, cfg.eval_split) if cfg.eval_dataset else []
     ptx = load_ptx(cfg, tokenizer)
-    steps_per_episode = len(prompts) // cfg.rollout_batch_size
-    if steps_per_episode == 0:
-        raise ConfigError(f"{len(prompts)} prompts are fewer than --rollout_batch_size {cfg.rollout_batch_size}")
-    total_steps = steps_per_episode * cfg.num_episodes
-    buffer = cfg.rollout_batch_size * cfg.n_samples_per_prompt
-    updates = total_steps * cfg.max_epochs * max(1, -(-buffer // cfg.train_batch_size))
+    total_steps, updates = _step_counts(cfg, len(prompts))
     worker_cfg = {k: v for k, v in config_to_dict(cfg).items()}
     reward_specs = [resolve_pretrain(spec) for spec in model_specs(cfg)]
     _check_reward_tokenizers(tokenizer, reward_specs)
-    if engines is None and cfg.colocate_all_models and \
-            cfg.vllm_num_engines * cfg.vllm_tensor_parallel_size != plan.world("actor"):
-        raise ConfigError(f"--colocate_all_models: --vllm_num_engines {cfg.vllm_num_engines} x "
-                          f"--vllm_tensor_parallel_size {cfg.vllm_tensor_parallel_size} must equal the actor's "
-                          f"{plan.world('actor')} ranks (one engine shard per bundle)")
+    _check_engine_colocation(cfg, plan, engines is None)
     placement = plan_placement(cfg, plan, reward_specs, engines is None)
     made: list[ModelGroup] = []
     owns_engines = engines is None
     try:
         actor, ref, critic, reward_groups = _groups(cfg, plan, worker_cfg, updates, reward_specs, placement, made)
         if engines is None:
-            engines = _engines(cfg, cfg.pretrain, placement)
+            engines = _engines(cfg, pretrain, placement)
         resolve_run_lora_sync(cfg, engines)
         if not owns_engines:  # reused engines start from this run's initial weights
             push_actor_weights(actor, engines, cfg)
@@ -513,28 +331,17 @@ def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = No
     stop_ids = stop_token_ids(tokenizer)
     from transformers import AutoConfig
 
-    flops = FlopModel.from_config(AutoConfig.from_pretrained(cfg.pretrain), actor.params)
+    flops = FlopModel.from_config(AutoConfig.from_pretrained(pretrain), actor.params)
     s = RLSetup(cfg, tokenizer, prompts, eval_prompts, actor, ref, critic, engines, reward_fn, stop_ids, total_steps,
                 owns_ray=owns_ray, owns_engines=owns_engines, rewards=reward_groups, ptx=ptx,
                 placement_groups=placement.owned, agent=agent, flops=flops, sync_check=sync_check)
     s.plan, s.best, s.vision = plan, best, vision
     s.phases = Phases.from_config(cfg, engines, [actor, critic], has_gpus)
     if owns_engines:  # engines the run created can be restarted after a fault (--max_engine_restarts)
-        s.engine_factory = partial(_engines, cfg, cfg.pretrain, placement)
+        s.engine_factory = partial(_engines, cfg, pretrain, placement)
     s.kl_ctl = kl_controller(cfg)
-    s.summary = {"actor ranks": actor.world_size, "reference": ref.world_size if ref else "off (init_kl_coef 0)",
-                 "critic": critic.world_size if critic else "off",
-                 "reward models": ", ".join(f"{g.world_size} x {spec}" for spec, g in zip(reward_specs, reward_groups))
-                 or "none", "reward": agent.name if agent else reward_fn.name, "placement": _layout(cfg),
-                 "rollout engines": len(engines), "backend": cfg.rollout_backend,
-                 "weight sync": cfg.vllm_sync_backend, "prompts": len(prompts),
-                 "eval prompts": len(eval_prompts), "samples per step": buffer,
-                 "optimizer steps per rollout": updates // max(1, total_steps), "total steps": total_steps,
-                 "estimator": cfg.advantage_estimator, "precision": cfg.precision.summary(),
-                 "engine dtype": cfg.vllm_dtype, "compute threads": _threads_line(actor, engines)}
-    if ptx is not None:
-        s.summary["ptx samples"] = len(ptx.samples)
-    record_placement(cfg.run_dir, collect_whereabouts(s.groups, engines))
+    s.summary = _summary(s, reward_specs, updates, precision)
+    record_placement(run_dir, collect_whereabouts(s.groups, engines))
     try:
         if cfg.load_checkpoint:
             _resume(s)
@@ -542,6 +349,61 @@ def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = No
         s.close()
         raise
     return s
+
+
+def _resolved_transport(plan: RLPlan) -> str:
+    """The weight transport `resolve_plan(cfg, has_gpus)` chose for this cluster (ray, gloo or nccl)."""
+    if plan.sync_transport is None:
+        raise RuntimeError("resolve_plan was not given the cluster's devices: the weight transport is unresolved")
+    return plan.sync_transport
+
+
+def _policy_tokenizer(cfg: PPOConfig, pretrain: str) -> Any:
+    """The policy's tokenizer (--disable_fast_tokenizer), with --tokenizer_chat_template when given."""
+    tokenizer = load_tokenizer(pretrain, use_fast=not cfg.disable_fast_tokenizer)
+    if cfg.tokenizer_chat_template:
+        tokenizer.chat_template = cfg.tokenizer_chat_template
+    return tokenizer
+
+
+def _step_counts(cfg: PPOConfig, num_prompts: int) -> tuple[int, int]:
+    """(policy steps of the run, optimizer steps of each trained model): --num_episodes passes over the prompts in
+    steps of --rollout_batch_size prompts; each step makes --max_epochs x ceil(rollout_batch_size x
+    n_samples_per_prompt / train_batch_size) optimizer steps."""
+    steps_per_episode = num_prompts // cfg.rollout_batch_size
+    if steps_per_episode == 0:
+        raise ConfigError(f"{num_prompts} prompts are fewer than --rollout_batch_size {cfg.rollout_batch_size}")
+    total_steps = steps_per_episode * cfg.num_episodes
+    buffer = cfg.rollout_batch_size * cfg.n_samples_per_prompt
+    return total_steps, total_steps * cfg.max_epochs * max(1, -(-buffer // cfg.train_batch_size))
+
+
+def _check_engine_colocation(cfg: PPOConfig, plan: RLPlan, create_engines: bool) -> None:
+    """--colocate_all_models puts one engine shard on each of the actor's bundles (the run's own engines only)."""
+    if create_engines and cfg.colocate_all_models and \
+            cfg.vllm_num_engines * cfg.vllm_tensor_parallel_size != plan.world("actor"):
+        raise ConfigError(f"--colocate_all_models: --vllm_num_engines {cfg.vllm_num_engines} x "
+                          f"--vllm_tensor_parallel_size {cfg.vllm_tensor_parallel_size} must equal the actor's "
+                          f"{plan.world('actor')} ranks (one engine shard per bundle)")
+
+
+def _summary(s: RLSetup, reward_specs: list[str], updates: int, precision: PrecisionRecord) -> dict[str, Any]:
+    """The derived-quantities table printed at the start of the run (`print_derived_table`)."""
+    cfg, actor, ref, critic = s.cfg, s.actor, s.ref, s.critic
+    summary = {"actor ranks": actor.world_size, "reference": ref.world_size if ref else "off (init_kl_coef 0)",
+               "critic": critic.world_size if critic else "off",
+               "reward models": ", ".join(f"{g.world_size} x {spec}" for spec, g in zip(reward_specs, s.rewards))
+               or "none", "reward": s.agent.name if s.agent else s.reward_fn.name, "placement": _layout(cfg),
+               "rollout engines": len(s.engines), "backend": cfg.rollout_backend,
+               "weight sync": cfg.vllm_sync_backend, "prompts": len(s.prompts),
+               "eval prompts": len(s.eval_prompts),
+               "samples per step": cfg.rollout_batch_size * cfg.n_samples_per_prompt,
+               "optimizer steps per rollout": updates // max(1, s.total_steps), "total steps": s.total_steps,
+               "estimator": cfg.advantage_estimator, "precision": precision.summary(),
+               "engine dtype": cfg.vllm_dtype, "compute threads": _threads_line(actor, s.engines)}
+    if s.ptx is not None:
+        summary["ptx samples"] = len(s.ptx.samples)
+    return summary
 
 
 def _threads_line(actor: ModelGroup, engines: list[Any]) -> str:

@@ -11,7 +11,7 @@ from rlhfkit.cli.docs import module_name
 from rlhfkit.config.parse import parse_config
 from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.errors import ConfigError
-from rlhfkit.rl.setup import validate_rl
+from rlhfkit.rl.validate import validate_rl
 
 PPO = ["--pretrain", "m", "--prompt_data", "p", "--remote_rm_url", "builtin:format"]
 

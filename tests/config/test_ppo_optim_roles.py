@@ -166,7 +166,7 @@ def test_unset_role_flags_inherit_the_shared_ones(workers):
     ({"actor_min_lr_ratio": 2.0}, r"--actor_min_lr_ratio 2.0: must lie in \[0, 1\]"),
 ])
 def test_bad_optimiser_values_are_refused_before_anything_starts(flags, message):
-    from rlhfkit.rl.setup import validate_rl
+    from rlhfkit.rl.validate import validate_rl
 
     with pytest.raises(ConfigError, match=message):
         validate_rl(ppo_cfg(**flags))

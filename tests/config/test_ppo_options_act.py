@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import rlhfkit.rl.placement as placement
 import rlhfkit.rl.setup as setup
 from rlhfkit.cli.ppo import GROUPS
 from rlhfkit.config.parse import flags_to_argv, parse_config
@@ -30,7 +31,7 @@ def _run_setup(monkeypatch, cfg) -> dict:
     monkeypatch.setattr(setup, "start_ray", lambda cfg: False)
     monkeypatch.setattr(setup, "preflight", lambda cfg, engines=None: None)  # tests/rl/test_preflight.py
     monkeypatch.setattr(setup, "cluster_has_gpus", lambda: False)
-    monkeypatch.setattr(setup, "make_placement_group",
+    monkeypatch.setattr(placement, "make_placement_group",
                         lambda nodes, per_node, cpus: seen["placement"].append((nodes, per_node)) or object())
     real_prompts, real_ptx = setup.load_prompts, setup.load_ptx
 
@@ -245,8 +246,8 @@ def test_rollout_backend_and_vllm_dtype_pick_the_engines(monkeypatch):
     made = []
     monkeypatch.setattr(hf_engine, "create_hf_engines", lambda n, path, **kw: made.append(("hf", n, kw)) or [])
     monkeypatch.setattr(vllm_engine, "create_vllm_engines", lambda n, path, **kw: made.append(("vllm", n, kw)) or [])
-    setup._engines(ppo_cfg(rollout_backend="hf", vllm_dtype="bf16"), "m", setup.Placement())
-    setup._engines(ppo_cfg(vllm_dtype="fp16", param_dtype="fp32"), "m", setup.Placement())
+    setup._engines(ppo_cfg(rollout_backend="hf", vllm_dtype="bf16"), "m", placement.Placement())
+    setup._engines(ppo_cfg(vllm_dtype="fp16", param_dtype="fp32"), "m", placement.Placement())
     # no run folder here: Ray's log stream; indices: which engines (all of them; a restart names one)
     assert made[0] == ("hf", 1, {"dtype": "bfloat16", "log_dir": None, "indices": None})
     assert made[1][0] == "vllm" and made[1][2]["dtype"] == "float16"  # --vllm_dtype, not the trainer's fp32

@@ -15,7 +15,7 @@ from rlhfkit.engine.checkpoint import load_checkpoint, save_checkpoint
 from rlhfkit.engine.distributed import DistInfo
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.errors import ConfigError
-from rlhfkit.rl.setup import validate_rl
+from rlhfkit.rl.validate import validate_rl
 
 CFG = SimpleNamespace(gradient_checkpointing=False, zero_stage=2, param_dtype="fp32", adam_offload=False,
                       aux_loss_coef=0.0, learning_rate=0.05, adam_betas=[0.9, 0.95], l2=0.0, lr_warmup_ratio=0.0,

@@ -53,7 +53,7 @@ def test_resolve_lora_sync_picks_adapter_only_where_the_engines_serve_the_rank()
 def test_lora_sync_adapter_that_cannot_work_stops_before_ray(tiny_model_dir, tmp_path):
     from rlhfkit.config.parse import flags_to_argv, parse_config
     from rlhfkit.config.rl_options import RL_GROUPS
-    from rlhfkit.rl.setup import validate_rl
+    from rlhfkit.rl.validate import validate_rl
 
     flags = {"pretrain": tiny_model_dir, "prompt_data": "x.jsonl", "remote_rm_url": "r.py", "lora_sync": "adapter"}
     with pytest.raises(ConfigError, match="--lora_sync adapter cannot work here: --lora_rank is 0"):

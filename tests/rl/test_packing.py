@@ -119,7 +119,7 @@ def test_packing_with_an_attention_kernel_that_ignores_4d_masks_is_refused(monke
     from rlhfkit.config.parse import flags_to_argv, parse_config
     from rlhfkit.config.rl_options import RL_GROUPS
     from rlhfkit.errors import ConfigError
-    from rlhfkit.rl.setup import validate_rl
+    from rlhfkit.rl.validate import validate_rl
 
     def cfg(**flags):
         base = {"pretrain": "m", "prompt_data": "p", "remote_rm_url": "builtin:format", "n_samples_per_prompt": 4,

@@ -20,7 +20,8 @@ from rlhfkit.data.synthetic import write_jsonl
 from rlhfkit.errors import ConfigError
 from rlhfkit.rl.colocation import Phases
 from rlhfkit.rl.reward_group import reward_batch
-from rlhfkit.rl.setup import _check_reward_tokenizers, _resume, validate_rl
+from rlhfkit.rl.setup import _check_reward_tokenizers, _resume
+from rlhfkit.rl.validate import validate_rl
 from rlhfkit.rollout.types import RolloutSample
 
 HERE = Path(__file__).parent

@@ -14,7 +14,7 @@ from test_algorithm_options_act import ONE_STEP, close, differs, f64, group_ref,
 from rlhfkit.config.parse import flags_to_argv, parse_config
 from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.errors import ConfigError
-from rlhfkit.rl.setup import validate_rl
+from rlhfkit.rl.validate import validate_rl
 
 
 def gspo_ref(log_probs, old, adv, mask, low, high) -> tuple[torch.Tensor, torch.Tensor]:

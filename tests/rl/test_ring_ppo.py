@@ -116,7 +116,7 @@ def ppo_cfg(*argv: str):
 
 
 def test_ppo_ring_flags_are_checked_against_the_roles():
-    from rlhfkit.rl.setup import validate_rl
+    from rlhfkit.rl.validate import validate_rl
 
     cfg = ppo_cfg("--ds.ring_attn_size", "2", *(f"--{role}_num_gpus_per_node=2" for role in ("actor", "ref", "critic")))
     assert cfg.ring_attn_size == 2  # OpenRLHF's dotted name maps onto the flag

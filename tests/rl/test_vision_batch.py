@@ -86,7 +86,7 @@ def test_image_prompts_load_and_a_bad_row_is_an_error_naming_the_file_row_and_ke
     ({"max_images_per_prompt": 0}, "--max_images_per_prompt 0: must be >= 1"),
 ])
 def test_what_images_cannot_go_with_is_refused_naming_the_flag(flags, message, tiny_vlm_dir):
-    from rlhfkit.rl.setup import validate_rl
+    from rlhfkit.rl.validate import validate_rl
 
     with pytest.raises(ConfigError, match=message):
         validate_rl(ppo_cfg(tiny_vlm_dir, "p.jsonl", **flags))

@@ -1,0 +1,146 @@
+"""Checks of the `ppo` flags before anything starts (`validate_rl`): contradictions and values the run cannot use
+raise a ConfigError naming the flags and what to do; the doubtful ones log a warning."""
+
+from __future__ import annotations
+
+import logging
+
+from rlhfkit.config.commands import PPOConfig
+from rlhfkit.config.optim_options import validate_optim
+from rlhfkit.config.plan import RLPlan, resolve_plan
+from rlhfkit.config.validate import require
+from rlhfkit.engine.ema import validate_ema
+from rlhfkit.errors import ConfigError
+from rlhfkit.models.loading import attention_kernel
+from rlhfkit.rl.debug_dump import dump_steps
+from rlhfkit.rl.reward_group import model_specs
+from rlhfkit.rl.ring import validate_ring
+from rlhfkit.rl.vision_batch import validate_vision
+
+log = logging.getLogger("rlhfkit")
+
+
+def validate_rl(cfg: PPOConfig) -> None:
+    """Every check of the ppo flags that needs no cluster (build_setup runs it first; the tests call it alone)."""
+    require(cfg, "pretrain", "prompt_data")
+    if cfg.agent_func_path and (cfg.remote_rm_url or cfg.reward_pretrain):
+        given = "--remote_rm_url" if cfg.remote_rm_url else "--reward_pretrain"
+        raise ConfigError(f"--agent_func_path and {given} both give the reward: an agent environment rewards its "
+                          f"episodes from step(); drop {given}, or call your reward inside step()")
+    if cfg.agent_action_max_len is not None and (cfg.agent_action_max_len < 1 or not cfg.agent_func_path):
+        raise ConfigError(f"--agent_action_max_len {cfg.agent_action_max_len}: must be >= 1 and goes with "
+                          "--agent_func_path (it caps one turn of a multi-turn episode)")
+    if not (cfg.remote_rm_url or cfg.reward_pretrain or cfg.agent_func_path):
+        raise ConfigError("give a reward: --remote_rm_url (reward_func .py, builtin:NAME or http URL) "
+                          "or --reward_pretrain")
+    if cfg.lora_sync == "adapter":  # what the flags alone rule out fails before anything starts
+        from rlhfkit.rollout.lora_sync import adapter_sync_blocker
+
+        if (blocker := adapter_sync_blocker(cfg)) is not None:
+            raise ConfigError(f"--lora_sync adapter cannot work here: {blocker}. Use --lora_sync merged (or auto)")
+    plan = resolve_plan(cfg)
+    validate_vision(cfg, plan.needs_critic)
+    validate_ring(cfg, {role: plan.world(role) for role, used in (("actor", True), ("ref", plan.needs_ref),
+                                                                  ("critic", plan.needs_critic)) if used})
+    trained = ("actor", "critic") if plan.needs_critic else ("actor",)
+    validate_optim(cfg, trained, absent=() if plan.needs_critic else ("critic",))
+    if plan.group_estimator and cfg.n_samples_per_prompt < 2:
+        raise ConfigError(f"--advantage_estimator {cfg.advantage_estimator} compares the samples of a prompt: "
+                          "set --n_samples_per_prompt >= 2")
+    if plan.group_estimator and cfg.gamma != 1.0:
+        raise ConfigError(f"--gamma {cfg.gamma} with --advantage_estimator {cfg.advantage_estimator}: a group "
+                          "baseline compares whole-response rewards, so the returns are undiscounted (OpenRLHF "
+                          "sets gamma to 1 for it): drop --gamma, or use gae / reinforce")
+    if cfg.packing_samples and attention_kernel(cfg.attn_implementation) not in ("sdpa", "eager"):  # as it runs
+        raise ConfigError(f"--packing_samples with --attn_implementation {cfg.attn_implementation}: the packed row "
+                          "needs a 4D block mask, which only sdpa and eager honour; use one of them, or drop "
+                          "--packing_samples")
+    _validate_algorithm_flags(cfg)
+    validate_ema(cfg)
+    if cfg.dynamic_filtering and cfg.n_samples_per_prompt < 2:
+        raise ConfigError("--dynamic_filtering needs --n_samples_per_prompt >= 2")
+    buffer = cfg.rollout_batch_size * cfg.n_samples_per_prompt
+    if buffer % cfg.train_batch_size and not cfg.dynamic_filtering:
+        raise ConfigError(f"--rollout_batch_size x --n_samples_per_prompt = {buffer} is not a multiple of "
+                          f"--train_batch_size {cfg.train_batch_size}")
+    if cfg.top_p < 1.0:
+        log.warning("--top_p %s < 1: the trainer's log-probs do not model the truncated sampling distribution",
+                    cfg.top_p)
+    if cfg.reward_weights is not None:
+        try:
+            [float(w) for w in cfg.reward_weights.split(",")]
+        except ValueError:
+            raise ConfigError(f"--reward_weights {cfg.reward_weights!r}: expected comma-separated numbers") from None
+    if cfg.ptx_coef < 0:
+        raise ConfigError(f"--ptx_coef {cfg.ptx_coef} must be >= 0")
+    if cfg.pretrain_data and cfg.ptx_coef == 0:
+        log.warning("--pretrain_data is given but --ptx_coef is 0: the auxiliary loss is off")
+    if cfg.async_train and cfg.colocate_all_models:
+        raise ConfigError("--async_train generates while the models train, but --colocate_all_models puts the engines "
+                          "on the training devices (they take turns): drop one of the two")
+    _validate_async(cfg)
+    if cfg.async_train and not cfg.enable_vllm_is_correction:
+        log.warning("--async_train samples with weights one step old: add --enable_vllm_is_correction to correct "
+                    "the policy loss with truncated importance weights")
+    dump_steps(cfg.debug_dump_steps)  # ConfigError on a bad value
+    _validate_colocation(cfg, plan)
+
+
+def _validate_async(cfg: PPOConfig) -> None:
+    """--async_queue_size and --partial_rollout (rl/async_rollout.py)."""
+    if cfg.async_queue_size < 1:
+        raise ConfigError(f"--async_queue_size {cfg.async_queue_size}: must be >= 1 (rollouts generated ahead)")
+    if cfg.partial_rollout and not cfg.async_train:
+        raise ConfigError("--partial_rollout resumes generations across weight syncs while the trainer steps: it "
+                          "needs --async_train")
+    if cfg.partial_rollout and cfg.agent_func_path:
+        raise ConfigError("--partial_rollout chunks single-turn generation; with --agent_func_path the episodes "
+                          "are generated whole: drop one of the two")
+    if cfg.partial_rollout_chunk_tokens < 1:
+        raise ConfigError(f"--partial_rollout_chunk_tokens {cfg.partial_rollout_chunk_tokens}: must be >= 1")
+
+
+def _validate_algorithm_flags(cfg: PPOConfig) -> None:
+    """--kl_target / --kl_horizon, --use_unbiased_kl, --reward_clip_range and the length penalties."""
+    if cfg.kl_target is not None:
+        if cfg.kl_target <= 0 or cfg.kl_horizon <= 0:
+            raise ConfigError(f"--kl_target {cfg.kl_target} and --kl_horizon {cfg.kl_horizon} must be > 0")
+        if cfg.init_kl_coef <= 0:
+            raise ConfigError("--kl_target adapts the KL coefficient from --init_kl_coef, which is 0 (no reference "
+                              "model, and 0 stays 0): set --init_kl_coef > 0")
+    if cfg.use_kl_loss and cfg.init_kl_coef <= 0:
+        raise ConfigError("--use_kl_loss adds init_kl_coef x KL(policy || reference) to the loss, but "
+                          f"--init_kl_coef is {cfg.init_kl_coef} (no reference model is loaded): set --init_kl_coef "
+                          "> 0, or drop --use_kl_loss")
+    if cfg.use_unbiased_kl and not cfg.use_kl_loss:
+        raise ConfigError("--use_unbiased_kl weights the KL loss: it goes with --use_kl_loss")
+    if cfg.overlong_buffer_len is not None and not 0 < cfg.overlong_buffer_len <= cfg.generate_max_len:
+        raise ConfigError(f"--overlong_buffer_len {cfg.overlong_buffer_len} must be in (0, --generate_max_len "
+                          f"{cfg.generate_max_len}]")
+    if len(cfg.reward_clip_range) != 2:
+        given = " ".join(map(str, cfg.reward_clip_range))
+        raise ConfigError(f"--reward_clip_range {given}: give two numbers, low high")
+    coef = cfg.stop_properly_penalty_coef
+    if coef is not None and coef > 1:
+        raise ConfigError(f"--stop_properly_penalty_coef {coef}: a scale in [0, 1], or a fixed reward < 0")
+
+
+def _validate_colocation(cfg: PPOConfig, plan: RLPlan) -> None:
+    """Colocated roles share bundles rank for rank, so their rank counts must match (as in OpenRLHF)."""
+    has_critic = plan.needs_critic
+    has_rm = bool(model_specs(cfg))
+    pairs: list[tuple[str, str, bool]] = []  # (role, role colocated with it, whether the run has the second)
+    if cfg.colocate_all_models:
+        pairs = [("actor", role, used) for role, used in (("ref", plan.needs_ref), ("critic", has_critic),
+                                                          ("reward", has_rm))]
+    else:
+        if cfg.colocate_actor_ref:
+            pairs.append(("actor", "ref", plan.needs_ref))
+        if cfg.colocate_critic_reward:
+            pairs.append(("critic", "reward", has_critic and has_rm))
+    for a, b, used in pairs:
+        if used and plan.world(a) != plan.world(b):
+            flag = "--colocate_all_models" if cfg.colocate_all_models else f"--colocate_{a}_{b}"
+            raise ConfigError(f"{flag}: the {a} has {plan.world(a)} ranks ({a}_num_nodes x {a}_num_gpus_per_node) "
+                              f"but the {b} {plan.world(b)}; colocated roles share bundles rank for rank: set "
+                              f"--{b}_num_nodes {plan.nodes(a)} --{b}_num_gpus_per_node {plan.ranks_per_node(a)}")
