@@ -161,32 +161,10 @@ def train_offline(cfg: OfflineConfig, dist_info: DistInfo, engine: TrainEngine, 
     # the ring's gather (rlhfkit.models.context_parallel), and with tensor parallelism FSDP2's averaging over the dp
     # ranks only (rlhfkit.models.tensor_parallel)
     dp_rank, dp_world = data_parallel_coords(dist_info.rank, world)
-    tokens_per_step = sum(method.tokens(s) for s in train_samples) / max(1, len(train_samples)) * cfg.train_batch_size
     if dist_info.is_main:
-        print_derived_table(f"rlhfkit {cfg.command}", {
-            "world size": world, "train samples": len(train_samples), "train batch (global)": cfg.train_batch_size,
-            "micro batch (per rank)": cfg.micro_train_batch_size, "accumulation steps": plan.accumulation,
-            "steps per epoch": plan.steps_per_epoch, "epochs": cfg.max_epochs, "total steps": plan.total_steps,
-            "tokens per step (mean)": int(tokens_per_step),
-            "precision": cfg.precision.summary() if cfg.precision is not None else cfg.param_dtype,
-            "dropped per epoch (incomplete batch)": len(train_samples) - plan.steps_per_epoch * cfg.train_batch_size,
-            **{f"data: {k}": v for k, v in (data_stats or {}).items()},
-            **({f"{'tensor parallel' if tp_size() > 1 else 'ring size'} x data parallel": f"{world // dp_world} x "
-                f"{dp_world}"} if dp_world < world else {}),
-            "run dir": cfg.run_dir})
-    global_step, start_epoch, start_in_epoch = 0, 0, 0
+        _print_plan(cfg, method, train_samples, plan, data_stats, world, dp_world)
     best = tracker_for(cfg, "eval/loss", bool(eval_samples))  # --best_metric_key
-    if cfg.load_checkpoint:
-        state = load_checkpoint(cfg.ckpt_path, engine.model, engine.optimizer, engine.scheduler, seed=cfg.seed)
-        if state is None:
-            log.info("--load_checkpoint: no checkpoint in %s, starting fresh", cfg.ckpt_path)
-        else:
-            global_step, start_epoch, start_in_epoch = state["step"], state["epoch"], state["step_in_epoch"]
-            if best is not None:
-                best.load_state(state.get("best_metric"))
-            note = record_resume(cfg.run_dir if dist_info.is_main else None, "model", state)
-            log.info("resumed from step %d (epoch %d, step %d in epoch; %s)", global_step, start_epoch,
-                     start_in_epoch, note)
+    global_step, start_epoch, start_in_epoch = _resume(cfg, engine, best, dist_info)
     metrics_log = MetricsLogger(need(cfg.run_dir, "--run_dir"), cfg, enabled=dist_info.is_main)
     bar = progress_bar(plan.total_steps, global_step, dist_info.is_main, f"{cfg.command}")
     last: dict[str, Any] = {}
@@ -227,18 +205,60 @@ def train_offline(cfg: OfflineConfig, dist_info: DistInfo, engine: TrainEngine, 
                 log.info("step %d eval: %s", global_step, {k: round(v, 4) for k, v in eval_metrics.items()})
             if cfg.save_steps > 0 and global_step % cfg.save_steps == 0:  # after the eval: it holds the best
                 next_pos = (epoch + 1, 0) if done_epoch else (epoch, step_in_epoch + 1)
-                save_checkpoint(cfg.ckpt_path, global_step, engine.model, engine.optimizer, engine.scheduler,
-                                {"epoch": next_pos[0], "step_in_epoch": next_pos[1],
-                                 **({"best_metric": best.state()} if best is not None else {})}, cfg.max_ckpt_num)
-                if cfg.save_hf_ckpt:
-                    save_hf_folder(engine.model, tokenizer, f"{cfg.ckpt_path}/global_step{global_step}/hf",
-                                   extra_config)
+                _checkpoint(cfg, engine, tokenizer, global_step, next_pos, best, extra_config)
     bar.close()
     save_hf_folder(engine.model, tokenizer, cfg.save_path, extra_config)
     if dist_info.is_main:
         log.info("saved HF model to %s", cfg.save_path)
     metrics_log.close()
     return last
+
+
+def _print_plan(cfg: OfflineConfig, method: OfflineMethod, train_samples: list[Sample], plan: StepPlan,
+                data_stats: dict[str, Any] | None, world: int, dp_world: int) -> None:
+    """The derived-quantities table at the start of the run (rank 0): batches, steps, precision, data statistics and,
+    with a ring or tensor-parallel group, the group size x the data-parallel size."""
+    tokens_per_step = sum(method.tokens(s) for s in train_samples) / max(1, len(train_samples)) * cfg.train_batch_size
+    print_derived_table(f"rlhfkit {cfg.command}", {
+        "world size": world, "train samples": len(train_samples), "train batch (global)": cfg.train_batch_size,
+        "micro batch (per rank)": cfg.micro_train_batch_size, "accumulation steps": plan.accumulation,
+        "steps per epoch": plan.steps_per_epoch, "epochs": cfg.max_epochs, "total steps": plan.total_steps,
+        "tokens per step (mean)": int(tokens_per_step),
+        "precision": cfg.precision.summary() if cfg.precision is not None else cfg.param_dtype,
+        "dropped per epoch (incomplete batch)": len(train_samples) - plan.steps_per_epoch * cfg.train_batch_size,
+        **{f"data: {k}": v for k, v in (data_stats or {}).items()},
+        **({f"{'tensor parallel' if tp_size() > 1 else 'ring size'} x data parallel": f"{world // dp_world} x "
+            f"{dp_world}"} if dp_world < world else {}),
+        "run dir": cfg.run_dir})
+
+
+def _resume(cfg: OfflineConfig, engine: TrainEngine, best: BestTracker | None, dist_info: DistInfo
+            ) -> tuple[int, int, int]:
+    """--load_checkpoint: restore the newest checkpoint in --ckpt_path (model, optimizer, scheduler, RNG, the best
+    evaluation so far); returns (global step, epoch, step in epoch) to go on from, (0, 0, 0) when starting fresh."""
+    if not cfg.load_checkpoint:
+        return 0, 0, 0
+    state = load_checkpoint(cfg.ckpt_path, engine.model, engine.optimizer, engine.scheduler, seed=cfg.seed)
+    if state is None:
+        log.info("--load_checkpoint: no checkpoint in %s, starting fresh", cfg.ckpt_path)
+        return 0, 0, 0
+    global_step, start_epoch, start_in_epoch = state["step"], state["epoch"], state["step_in_epoch"]
+    if best is not None:
+        best.load_state(state.get("best_metric"))
+    note = record_resume(cfg.run_dir if dist_info.is_main else None, "model", state)
+    log.info("resumed from step %d (epoch %d, step %d in epoch; %s)", global_step, start_epoch, start_in_epoch, note)
+    return global_step, start_epoch, start_in_epoch
+
+
+def _checkpoint(cfg: OfflineConfig, engine: TrainEngine, tokenizer: Any, global_step: int, next_pos: tuple[int, int],
+                best: BestTracker | None, extra_config: dict[str, Any] | None) -> None:
+    """The full-state checkpoint of `global_step` (resuming at `next_pos` = (epoch, step in epoch)), with the best
+    evaluation so far; --save_hf_ckpt: also an HF folder beside it."""
+    save_checkpoint(cfg.ckpt_path, global_step, engine.model, engine.optimizer, engine.scheduler,
+                    {"epoch": next_pos[0], "step_in_epoch": next_pos[1],
+                     **({"best_metric": best.state()} if best is not None else {})}, cfg.max_ckpt_num)
+    if cfg.save_hf_ckpt:
+        save_hf_folder(engine.model, tokenizer, f"{cfg.ckpt_path}/global_step{global_step}/hf", extra_config)
 
 
 def keep_best(best: BestTracker | None, engine: TrainEngine, tokenizer: Any, step: int, eval_metrics: dict[str, float],
