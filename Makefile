@@ -18,7 +18,8 @@ MYPY_PATHS = rlhfkit/errors.py rlhfkit/config rlhfkit/launch rlhfkit/algorithms 
   rlhfkit/rl/engine_faults.py rlhfkit/rl/experience.py rlhfkit/rl/group.py rlhfkit/rl/packing.py \
   rlhfkit/rl/reward_group.py rlhfkit/rl/ring.py rlhfkit/rl/sync_check.py rlhfkit/rl/vision_batch.py \
   rlhfkit/rl/setup.py rlhfkit/rl/validate.py rlhfkit/rl/placement.py rlhfkit/rl/ppo_trainer.py rlhfkit/rl/make_experience.py \
-  rlhfkit/rl/weight_push.py rlhfkit/rollout/__init__.py rlhfkit/rollout/buckets.py rlhfkit/rollout/dispatch.py \
+  rlhfkit/rl/weight_push.py rlhfkit/rl/worker.py rlhfkit/rl/worker_weights.py rlhfkit/rl/policy_step.py \
+  rlhfkit/rl/micro_batch.py rlhfkit/rollout/__init__.py rlhfkit/rollout/buckets.py rlhfkit/rollout/dispatch.py \
   rlhfkit/rollout/partial.py rlhfkit/rollout/remote.py rlhfkit/rollout/types.py rlhfkit/rollout/weight_sync.py
 
 .PHONY: install demo test test-slow test-all lint docs bench bench-peers mutation clean

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.commands import PPOConfig
 from rlhfkit.launch.ray_cluster import cluster_has_gpus
 from rlhfkit.rl.ring import rank_rows, ring_size_of
 from rlhfkit.rl.worker import ModelWorker
@@ -65,8 +66,10 @@ def bundle_index(placement_group: Any, rank: int, world_size: int) -> int:
 class ModelGroup:
     """Creates the ranks, initialises their models, and splits batches across them."""
 
-    def __init__(self, role: str, cfg: dict[str, Any], placement_group: Any, world_size: int, num_nodes: int = 1,
-                 share_bundles: float = 1.0) -> None:
+    def __init__(self, role: str, cfg: PPOConfig, placement_group: Any, world_size: int, num_nodes: int = 1,
+                 share_bundles: float = 1.0, cpu_threads_share: int = 0) -> None:
+        """`cfg`: the run's typed config, sent to every rank as it is; `cpu_threads_share`: the model ranks that split
+        a node's cores on CPU (0: this role's ranks per node; ModelWorker)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -89,7 +92,8 @@ class ModelGroup:
                     scheduling_strategy=strategy, num_cpus=0).remote(), timeout=remote_call_timeout())
                 # One node: rendezvous on loopback; several: on rank 0's node address.
                 master_addr = "127.0.0.1" if num_nodes == 1 else node_ip
-            self.workers.append(worker.remote(role, cfg, rank, world_size, master_addr, master_port))
+            self.workers.append(worker.remote(role, cfg, rank, world_size, master_addr, master_port,
+                                             cpu_threads_share))
 
     def shutdown(self) -> None:
         """Kill the ranks (their process group goes with them)."""

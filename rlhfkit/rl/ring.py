@@ -19,13 +19,13 @@ reports the token-weighted sums (the others hold the same numbers), every rank i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from rlhfkit.algorithms.entropy import entropy_from_logits
 from rlhfkit.config.commands import PPOConfig
+from rlhfkit.config.options import TrainOptions
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.context_parallel import RingGroup, setup_ring_attention, shard_forward_kwargs, sum_over_ring
 from rlhfkit.models.logprobs import log_probs_from_logits
@@ -36,9 +36,9 @@ from rlhfkit.rl.packing import PackedRollout
 RING_ROLES = ("actor", "ref", "critic")
 
 
-def ring_size_of(role: str, cfg: Mapping[str, Any]) -> int:
+def ring_size_of(role: str, cfg: TrainOptions) -> int:
     """The ring size of a role's ranks: --ring_attn_size for the actor, reference and critic, 1 for reward models."""
-    return int(cfg.get("ring_attn_size") or 1) if role in RING_ROLES else 1
+    return (cfg.ring_attn_size or 1) if role in RING_ROLES else 1
 
 
 def rank_rows(rows: int, world: int, ring: int) -> list[list[int]]:
@@ -72,10 +72,10 @@ def validate_ring(cfg: PPOConfig, worlds: Mapping[str, int]) -> None:
                           "split over the ring group yet; drop one of the two")
 
 
-def setup_worker_ring(role: str, cfg: Any) -> RingGroup | None:
+def setup_worker_ring(role: str, cfg: TrainOptions) -> RingGroup | None:
     """The ring groups of a role's ranks (collective over the role's process group); None for ring size 1 and for
     roles that are not split."""
-    size = ring_size_of(role, vars(cfg))
+    size = ring_size_of(role, cfg)
     return setup_ring_attention(size, cfg.ring_head_stride) if size > 1 else None
 
 

@@ -15,7 +15,6 @@ import torch
 from rlhfkit.agents.environment import AgentSpec, load_agent
 from rlhfkit.algorithms.rewards import AdaptiveKLController, FixedKLController
 from rlhfkit.config.commands import PPOConfig, PrecisionRecord
-from rlhfkit.config.parse import config_to_dict
 from rlhfkit.config.plan import RLPlan, resolve_plan
 from rlhfkit.config.validate import need
 from rlhfkit.data.prompts import build_prompt_samples
@@ -146,7 +145,7 @@ def load_prompts(cfg: PPOConfig, tokenizer: Any, spec: str, split: str, probs: s
     return samples
 
 
-def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: dict, total_updates: int, reward_specs: list[str],
+def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: PPOConfig, total_updates: int, reward_specs: list[str],
             placement: Placement, made: list[ModelGroup]):
     """Create and initialise the model groups (appending each to `made` as soon as it exists, for clean-up).
 
@@ -154,11 +153,11 @@ def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: dict, total_updates: int, 
     the roles' forwards run side by side in the log-prob phase."""
     has_critic, need_ref = plan.needs_critic, plan.needs_ref
     roles = ["actor"] + ["ref"] * need_ref + ["critic"] * has_critic + ["reward"] * len(reward_specs)
-    worker_cfg = {**worker_cfg, "cpu_threads_share": sum(plan.ranks_per_node(r) for r in roles)}
+    share = sum(plan.ranks_per_node(r) for r in roles)
 
     def group(role: str, key: str) -> ModelGroup:
         pg = placement.groups[key]
-        made.append(ModelGroup(role, worker_cfg, pg, plan.world(role), plan.nodes(role), placement.share(key)))
+        made.append(ModelGroup(role, worker_cfg, pg, plan.world(role), plan.nodes(role), placement.share(key), share))
         return made[-1]
 
     actor = group("actor", "actor")
@@ -307,7 +306,7 @@ def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = No
     eval_prompts = load_prompts(cfg, tokenizer, cfg.eval_dataset, cfg.eval_split) if cfg.eval_dataset else []
     ptx = load_ptx(cfg, tokenizer)
     total_steps, updates = _step_counts(cfg, len(prompts))
-    worker_cfg = {k: v for k, v in config_to_dict(cfg).items()}
+    worker_cfg = cfg  # the typed config itself: Ray pickles it to each rank (vllm_dtype etc. resolved above)
     reward_specs = [resolve_pretrain(spec) for spec in model_specs(cfg)]
     _check_reward_tokenizers(tokenizer, reward_specs)
     _check_engine_colocation(cfg, plan, engines is None)

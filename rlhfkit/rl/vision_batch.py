@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from rlhfkit.config.commands import PPOConfig
+from rlhfkit.config.rl_options import VisionOptions
 from rlhfkit.config.validate import need
 from rlhfkit.errors import ConfigError
 
@@ -45,9 +46,9 @@ def is_vision_language(path: str) -> bool:
         return "vision_config" in json.load(handle)
 
 
-def keeps_vision_tower(cfg: Any) -> bool:
+def keeps_vision_tower(cfg: PPOConfig) -> bool:
     """Whether the weight sync leaves the vision tower out: a vision-language actor with --freeze_vision_tower."""
-    return bool(getattr(cfg, "freeze_vision_tower", False)) and is_vision_language(cfg.pretrain)
+    return cfg.freeze_vision_tower and is_vision_language(need(cfg.pretrain, "--pretrain"))
 
 
 def validate_vision(cfg: PPOConfig, needs_critic: bool) -> None:
@@ -191,12 +192,12 @@ def pixel_inputs(mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_vlm_for_role(pretrain: str, attn_implementation: str, trainable: bool, cfg: Any) -> Any:
+def load_vlm_for_role(pretrain: str, attn_implementation: str, trainable: bool, cfg: VisionOptions) -> Any:
     """A vision-language model for a worker (fp32 master weights); the actor's vision tower frozen with
     --freeze_vision_tower (no gradient, left out of the optimizer and of the weight sync)."""
     from rlhfkit.models.vision import freeze_vision_tower, load_vlm
 
     model = load_vlm(pretrain, attn_implementation=attn_implementation)
-    if trainable and getattr(cfg, "freeze_vision_tower", False):
+    if trainable and cfg.freeze_vision_tower:
         log.info("--freeze_vision_tower: %d vision-tower tensors frozen", freeze_vision_tower(model))
     return model

@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
-from types import SimpleNamespace
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from rlhfkit.algorithms.entropy import entropy_from_logits
-from rlhfkit.algorithms.kl import compute_kl, kl_loss
+from rlhfkit.algorithms.kl import compute_kl
 from rlhfkit.algorithms.normalize import masked_mean
-from rlhfkit.algorithms.offpolicy import importance_weights, logprob_mismatch
-from rlhfkit.algorithms.policy_loss import ppo_policy_loss
+from rlhfkit.algorithms.offpolicy import logprob_mismatch
 from rlhfkit.algorithms.supervised import masked_lm_loss
 from rlhfkit.algorithms.value_loss import value_loss
-from rlhfkit.config.plan import kl_mode_of
+from rlhfkit.config.commands import PPOConfig
+from rlhfkit.config.plan import role_layout
 from rlhfkit.engine.checkpoint import load_checkpoint, save_checkpoint, save_hf_folder
 from rlhfkit.engine.cpu_threads import set_cpu_threads
 from rlhfkit.engine.distributed import init_distributed
@@ -33,8 +32,8 @@ from rlhfkit.engine.fsdp import shard_model
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.models.logprobs import log_probs_from_logits
 from rlhfkit.models.positions import position_ids
-from rlhfkit.observability.metrics import merge_metrics
 from rlhfkit.rl.experience import sort_rows_by_length, sort_rows_by_prompt, trim_padding
+from rlhfkit.rl.micro_batch import micro_batches, pad_to, rollout_budget
 from rlhfkit.rl.packing import (
     PackedRollout,
     pack_rollout,
@@ -42,59 +41,43 @@ from rlhfkit.rl.packing import (
     packed_response_log_probs,
     packed_scalar_outputs,
 )
+from rlhfkit.rl.policy_step import accumulate, dump_entry, has_active_dropout, policy_dump_entry, policy_loss
 from rlhfkit.rl.ring import ring_packed_log_probs, ring_response_log_probs, setup_worker_ring
 from rlhfkit.rl.vision_batch import is_vision_language, keeps_vision_tower, load_vlm_for_role, pixel_inputs
+from rlhfkit.rl.worker_weights import drain, engine_dtype, move_optimizer_state, weights_for_engines
 from rlhfkit.rollout.types import SyncStats
 
-
-def micro_batches(batch: dict[str, torch.Tensor], size: int, max_tokens: int | None = None) -> list[dict]:
-    """Cut a batch into micro-batches: `size` rows each, or (dynamic batch) rows up to `max_tokens` real tokens."""
-    rows = batch["sequences"].shape[0]
-    if max_tokens is None:
-        bounds = [(i, min(rows, i + size)) for i in range(0, rows, size)]
-    else:
-        lengths = batch["attention_mask"].sum(-1).tolist()
-        bounds, start, used = [], 0, 0
-        for i, n in enumerate(lengths):
-            if i > start and used + n > max_tokens:
-                bounds.append((start, i))
-                start, used = i, 0
-            used += n
-        bounds.append((start, rows))
-    return [{k: v[a:b] for k, v in batch.items()} for a, b in bounds]
-
-
-def rollout_budget(cfg: Any) -> int | None:
-    """Token budget of a forward micro-batch (log-probs, values, rewards) with --use_dynamic_batch:
-    --rollout_max_tokens_per_gpu, else --train_max_tokens_per_gpu (OpenRLHF's fallback); None without it."""
-    if not cfg.use_dynamic_batch:
-        return None
-    return cfg.rollout_max_tokens_per_gpu or cfg.train_max_tokens_per_gpu
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class ModelWorker:
-    """A rank of a model group. `role` is 'actor', 'ref', 'critic' or 'reward'."""
+    """A rank of a model group. `role` is 'actor', 'ref', 'critic' or 'reward'; `cfg` is the run's typed config (Ray
+    pickles it to this process); `cpu_threads_share`: the model ranks that split a node's cores on CPU (0: this
+    role's ranks per node)."""
 
-    def __init__(self, role: str, cfg: dict[str, Any], rank: int, world_size: int, master_addr: str,
-                 master_port: int) -> None:
+    model: torch.nn.Module  # set by init_model
+
+    def __init__(self, role: str, cfg: PPOConfig, rank: int, world_size: int, master_addr: str,
+                 master_port: int, cpu_threads_share: int = 0) -> None:
         from rlhfkit.observability.run import process_log_path, redirect_output
 
-        log_path = process_log_path(cfg.get("run_dir"), bool(cfg.get("verbose")), f"{role}_rank{rank}")
+        log_path = process_log_path(cfg.run_dir, cfg.verbose, f"{role}_rank{rank}")
         if log_path:  # this rank's library logs go to the run folder, not the driver's console
             redirect_output(log_path)
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0" if not torch.cuda.is_available()
                           else os.environ.get("LOCAL_RANK", "0"), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
         if not torch.cuda.is_available():  # Ray gave this actor OMP_NUM_THREADS=1 (it asks for a fraction of a CPU)
-            share = cfg.get("cpu_threads_share") or max(1, world_size // max(1, int(cfg.get(f"{role}_num_nodes") or 1)))
-            set_cpu_threads(int(cfg.get("torch_threads_per_worker") or 0), int(share))
+            nodes = {name: count for name, count, _ in role_layout(cfg)}[role]
+            share = cpu_threads_share or max(1, world_size // max(1, nodes or 1))
+            set_cpu_threads(cfg.torch_threads_per_worker or 0, share)
         self.role = role
-        self.cfg = SimpleNamespace(**cfg)
+        self.cfg = cfg
         self.dist = init_distributed()
         self.ring = setup_worker_ring(role, self.cfg)  # --ring_attn_size: actor, reference, critic (rl/ring.py)
         # FSDP2 averages gradients over the world; a ring group's ranks share one loss (rl/ring.py: the scale)
         self.loss_scale = self.dist.world_size // (self.ring.size if self.ring is not None else 1)
         self.engine: TrainEngine | None = None
-        self.model = None
         self.reward_mean, self.reward_std = 0.0, 1.0
         self.offload_frozen = False
         self.offloaded = False
@@ -111,12 +94,13 @@ class ModelWorker:
         from rlhfkit.models.loading import load_causal_lm, load_scalar_model
 
         attn = self.cfg.attn_implementation
+        model: torch.nn.Module
         if scalar_head or reward_model:
             with torch.random.fork_rng(devices=[]):  # a fresh critic head: the same on every rank, whatever its count
                 torch.manual_seed(self.cfg.seed)
                 model = load_scalar_model(pretrain, init_from_causal=not reward_model, attn_implementation=attn)
         else:
-            quantized = trainable and bool(getattr(self.cfg, "load_in_4bit", False))  # QLoRA actor
+            quantized = trainable and self.cfg.load_in_4bit  # QLoRA actor
             if quantized and self.cfg.lora_rank <= 0:
                 from rlhfkit.errors import ConfigError
 
@@ -129,16 +113,16 @@ class ModelWorker:
             else:
                 model = load_causal_lm(pretrain, attn_implementation=attn, load_in_4bit=quantized,
                                        compute_dtype=compute_dtype(self.cfg.param_dtype, self.dist.device))
-        if reward_model and getattr(self.cfg, "normalize_reward", False):
+        if reward_model and self.cfg.normalize_reward:
             from rlhfkit.rewards.reward_model import reward_stats
 
             self.reward_mean, self.reward_std = reward_stats(model.config, pretrain)
         if trainable:
-            if self.cfg.lora_rank > 0:  # the engines get merged weights (see _weights_for_engines)
+            if self.cfg.lora_rank > 0:  # the engines get merged weights (rl/worker_weights.py)
                 from rlhfkit.models.lora import apply_lora
 
-                model = apply_lora(model, self.cfg.lora_rank, self.cfg.lora_alpha, self.cfg.target_modules,
-                                   self.cfg.lora_dropout)
+                model = apply_lora(cast("PreTrainedModel", model), self.cfg.lora_rank, self.cfg.lora_alpha,
+                                   self.cfg.target_modules, self.cfg.lora_dropout)
             ema_beta = resolved_ema_beta(self.cfg) if self.role == "actor" else None  # --enable_ema: the actor's
             self.engine = TrainEngine(model, self.cfg, self.dist, total_steps, learning_rate, role=self.role,
                                       ema_beta=ema_beta)
@@ -152,7 +136,7 @@ class ModelWorker:
                 use_ring_attention(model)
             self.model = shard_model(model, zero_stage=3, device=self.dist.device, param_dtype=self.cfg.param_dtype)
             self.model.eval()
-            self.offload_frozen = bool(getattr(self.cfg, "ref_reward_offload", False)) and self._on_cuda()
+            self.offload_frozen = self.cfg.ref_reward_offload and self._on_cuda()
             if self.offload_frozen:
                 self._move_model("cpu")
         return sum(p.numel() for p in model.parameters())
@@ -183,7 +167,7 @@ class ModelWorker:
         if not self._on_cuda() or self.offloaded:
             return False
         if self.engine is not None:
-            _move_optimizer_state(self.engine.optimizer, "cpu")
+            move_optimizer_state(self.engine.optimizer, "cpu")
         self._move_model("cpu")
         self.offloaded = True
         return True
@@ -194,7 +178,7 @@ class ModelWorker:
             return False
         self._move_model(self.dist.device)
         if self.engine is not None:
-            _move_optimizer_state(self.engine.optimizer, self.dist.device)
+            move_optimizer_state(self.engine.optimizer, self.dist.device)
         self.offloaded = False
         return True
 
@@ -246,7 +230,7 @@ class ModelWorker:
         self.model.eval()
         width = batch["action_mask"].shape[1]
         with self._frozen_on_device():
-            out = [_pad_to(self._action_log_probs(self._to_device(trim_padding(mb)))[0].cpu(), width)
+            out = [pad_to(self._action_log_probs(self._to_device(trim_padding(mb)))[0].cpu(), width)
                    for mb in micro_batches(batch, self.cfg.micro_rollout_batch_size, rollout_budget(self.cfg))]
         return torch.cat(out)
 
@@ -300,33 +284,32 @@ class ModelWorker:
         self.model.eval()
         width = batch["action_mask"].shape[1]
         chunks = micro_batches(batch, self.cfg.micro_rollout_batch_size, rollout_budget(self.cfg))
-        out = [_pad_to(self._values(self._to_device(trim_padding(mb))).cpu(), width) for mb in chunks]
+        out = [pad_to(self._values(self._to_device(trim_padding(mb))).cpu(), width) for mb in chunks]
         return torch.cat(out)
 
     # ----------------------------------------------------------------- training
     def train_policy_step(self, shard: dict[str, torch.Tensor], num_tokens: float,
                           ptx: dict[str, torch.Tensor] | None = None, ptx_tokens: float = 0.0, *,
-                          num_seqs: float | None = None, kl_coef: float | None = None) -> dict[str, float]:
+                          num_seqs: float | None = None, kl_coef: float | None = None) -> dict[str, Any]:
         """One optimizer step of the PPO-family policy loss over this rank's share of a global mini-batch.
 
         loss = policy_loss (token mean over the whole global mini-batch: num_tokens is its token count; with
                  --policy_loss_type gspo the mean per sequence, then over its num_seqs rows)
                + kl_coef * kl_loss (with --use_kl_loss; kl_coef is --init_kl_coef or the adaptive controller's
-                 value with --kl_target) - entropy_loss_coef * entropy
+                 value with --kl_target) - entropy_loss_coef * entropy  (rlhfkit.rl.policy_step.policy_loss)
                + ptx_coef * LM loss on this rank's share of a --pretrain_data batch (token mean over the global
                  ptx batch, `ptx_tokens` target tokens), when `ptx` is given.
         FSDP2 averages gradients over ranks, so each rank's loss is scaled by the world size (with --ring_attn_size N
         by world / N, the data-parallel size: rlhfkit.rl.ring).
         """
-        cfg, world = self.cfg, self.loss_scale
+        cfg, world, engine = self.cfg, self.loss_scale, self._trainer()
         kl_coef = cfg.init_kl_coef if kl_coef is None else kl_coef
-        gspo = cfg.policy_loss_type == "gspo"
         self.model.train()
-        sums: dict[str, float] = {}
+        sums: dict[str, Any] = {}
         dump: list[dict[str, Any]] | None = [] if "row_index" in shard else None  # --debug_dump_steps
         trace: list[tuple[torch.Tensor, torch.Tensor]] = []
         budget = cfg.train_max_tokens_per_gpu if cfg.use_dynamic_batch else None
-        router = self.engine.aux_loss  # --aux_loss_coef on an MoE actor: the router load-balancing loss
+        router = engine.aux_loss  # --aux_loss_coef on an MoE actor: the router load-balancing loss
         # Packed micro-batches keep a prompt's samples together (its tokens are computed once); padded ones are
         # sorted by length so trim_padding cuts more.
         ordered = sort_rows_by_prompt(shard) if cfg.packing_samples else sort_rows_by_length(shard)
@@ -335,79 +318,59 @@ class ModelWorker:
             mb = self._to_device(trim_padding(mb))
             mask = mb["action_mask"]
             log_probs, entropy = self._action_log_probs(mb, with_entropy=True)
+            assert entropy is not None  # with_entropy
             aux = router.pop() if router is not None else None
             old = mb.get("old_log_probs")
             if old is None:  # one optimizer step per rollout: the old policy is this one (make_experience)
                 old = self._old_log_probs_of_this_policy(mb, log_probs)
-                _accumulate(sums, self._rollout_metrics(old, mb), mask)
+                accumulate(sums, self._rollout_metrics(old, mb), mask)
                 if "trace_row" in mb:  # the per-sample trace (observability/trace.py): |engine - trainer| per token
                     trace.append((mb["trace_row"].cpu(), ((old - mb["rollout_log_probs"]).abs() * mask).cpu()))
-            weights = None
-            ratio_base = old
-            if gspo and cfg.enable_vllm_is_correction:  # OpenRLHF: GSPO's ratio is taken against the engine's
-                ratio_base = mb["rollout_log_probs"]  # log-probs, with no token weights
-            elif cfg.enable_vllm_is_correction:
-                low, high = cfg.vllm_is_truncated_threshold
-                weights, is_metrics = importance_weights(old, mb["rollout_log_probs"], mask,
-                                                         correction_type=cfg.vllm_is_correction_type, low=low,
-                                                         high=high)
-                _accumulate(sums, is_metrics, mask)
-            token_out: dict[str, torch.Tensor] | None = {} if dump is not None else None
-            agg = {"loss_agg_mode": "seq_mean", "num_seqs": num_seqs} if gspo else {"num_tokens": num_tokens}
-            loss, metrics = ppo_policy_loss(log_probs, ratio_base, mb["advantages"], mask,
-                                            eps_clip=cfg.eps_clip, eps_clip_low_high=cfg.eps_clip_low_high,
-                                            dual_clip=cfg.dual_clip, is_weights=weights, token_out=token_out,
-                                            policy_loss_type=cfg.policy_loss_type, **agg)
-            if kl_mode_of(cfg.init_kl_coef, cfg.use_kl_loss) == "loss":
-                kl_term = kl_loss(log_probs, mb["ref_log_probs"], mask, cfg.kl_estimator, num_tokens=num_tokens,
-                                  old_log_probs=old if cfg.use_unbiased_kl else None)
-                loss = loss + kl_coef * kl_term
-                sums["kl_loss"] = sums.get("kl_loss", 0.0) + float(kl_term.detach()) * num_tokens
-                if token_out is not None:  # the same estimate kl_loss aggregates, per token
-                    token_out["kl"] = compute_kl(log_probs.detach(), mb["ref_log_probs"], mask, cfg.kl_estimator)
-            ent = (entropy * mask).sum() / num_tokens
-            if cfg.entropy_loss_coef:
-                loss = loss - cfg.entropy_loss_coef * (entropy * mask).sum() / num_tokens
-            if aux is not None:  # the step adds coef x the mean router loss over every micro-batch of every rank
-                loss = loss + self.engine.aux_loss_coef * aux / (len(batches) * world)
-                sums["aux_loss"] = sums.get("aux_loss", 0.0) + float(aux.detach()) / (len(batches) * world) * num_tokens
-            (loss * world).backward()
-            sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(loss.detach()) * num_tokens
-            sums["entropy"] = sums.get("entropy", 0.0) + float(ent) * num_tokens
-            _accumulate(sums, metrics, mask)
+            out = policy_loss(cfg, mb, log_probs, entropy, old, sums, num_tokens=num_tokens, num_seqs=num_seqs,
+                              kl_coef=kl_coef, aux=aux, aux_coef=engine.aux_loss_coef,
+                              aux_share=len(batches) * world, with_tokens=dump is not None)
+            (out.loss * world).backward()
+            sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(out.loss.detach()) * num_tokens
+            sums["entropy"] = sums.get("entropy", 0.0) + float(out.entropy_mean) * num_tokens
+            accumulate(sums, out.metrics, mask)
             if dump is not None:
-                dump.append(_dump_entry(mb, ("row_index", "action_mask", "advantages", "rollout_log_probs",
-                                             "ref_log_probs"),
-                                        old_log_probs=old, log_probs=log_probs, ratio=token_out["ratio"],
-                                        policy_loss=token_out["loss"], entropy=entropy, is_weights=weights,
-                                        kl=token_out.get("kl"), loss=loss, clip_frac=metrics["clip_frac"],
-                                        dual_clip_frac=metrics["dual_clip_frac"], aux_loss=aux,
-                                        sequences=mb["sequences"] if aux is not None else None,
-                                        attention_mask=mb["attention_mask"] if aux is not None else None,
-                                        num_micro_batches=torch.tensor(len(batches)) if aux is not None else None))
+                dump.append(policy_dump_entry(mb, out, old, log_probs, entropy, aux, len(batches)))
         if ptx is not None:
-            for mb in micro_batches(ptx, cfg.micro_train_batch_size):
-                mb = self._to_device(mb)
-                logits = self.model(input_ids=mb["sequences"], attention_mask=mb["attention_mask"],
-                                    position_ids=position_ids(mb["attention_mask"])).logits
-                lm = masked_lm_loss(logits, mb["sequences"], mb["loss_mask"], num_tokens=max(ptx_tokens, 1.0))
-                (cfg.ptx_coef * lm * world).backward()
-                if router is not None:
-                    router.pop()  # the auxiliary term comes from the policy forwards only
-                sums["ptx_loss"] = sums.get("ptx_loss", 0.0) + float(lm.detach()) * num_tokens
+            self._ptx_backward(ptx, ptx_tokens, num_tokens, sums, router)
         if trace:
             sums["trace"] = trace
         return self._finish_step(sums, dump, "grad_norm", "lr")
+
+    def _ptx_backward(self, ptx: dict[str, torch.Tensor], ptx_tokens: float, num_tokens: float,
+                      sums: dict[str, Any], router: Any) -> None:
+        """The gradient of ptx_coef * LM loss (token mean over the global ptx batch's `ptx_tokens` target tokens) of
+        this rank's share of a --pretrain_data batch; the router's auxiliary terms of these forwards are dropped."""
+        for mb in micro_batches(ptx, self.cfg.micro_train_batch_size):
+            mb = self._to_device(mb)
+            logits = self.model(input_ids=mb["sequences"], attention_mask=mb["attention_mask"],
+                                position_ids=position_ids(mb["attention_mask"])).logits
+            lm = masked_lm_loss(logits, mb["sequences"], mb["loss_mask"], num_tokens=max(ptx_tokens, 1.0))
+            (self.cfg.ptx_coef * lm * self.loss_scale).backward()
+            if router is not None:
+                router.pop()  # the auxiliary term comes from the policy forwards only
+            sums["ptx_loss"] = sums.get("ptx_loss", 0.0) + float(lm.detach()) * num_tokens
+
+    def _trainer(self) -> TrainEngine:
+        """The optimizer side of a trainable rank (actor, critic)."""
+        if self.engine is None:
+            raise RuntimeError(f"the {self.role} rank is frozen: it has no optimizer (init_model trainable=False)")
+        return self.engine
 
     def _finish_step(self, sums: dict[str, Any], dump: list[dict[str, Any]] | None, norm_key: str,
                      lr_key: str) -> dict[str, Any]:
         """The optimizer step; with a dump, its report and the micro-batches go back under `debug`."""
         report: dict[str, float] | None = {} if dump is not None else None
-        sums[norm_key] = self.engine.optimizer_step(report)
-        sums[lr_key] = self.engine.lr
+        engine = self._trainer()
+        sums[norm_key] = engine.optimizer_step(report)
+        sums[lr_key] = engine.lr
         if self.ring is not None and self.ring.rank > 0:  # the group's first rank reports its rows' sums
             sums = {k: sums[k] for k in (norm_key, lr_key)}
-        if dump is not None:
+        if dump is not None and report is not None:
             sums["debug"] = {"grad_norm": sums[norm_key], **report, "micro_batches": dump}
         return sums
 
@@ -446,11 +409,11 @@ class ModelWorker:
                                        value_clip=cfg.value_clip, num_tokens=num_tokens, token_out=token_out)
             (loss * world).backward()
             sums["critic_loss"] = sums.get("critic_loss", 0.0) + float(loss.detach()) * num_tokens
-            _accumulate(sums, metrics, mb["action_mask"])
-            if dump is not None:
-                dump.append(_dump_entry(mb, ("row_index", "action_mask", "returns"), values=values,
-                                        old_values=mb["values"], value_loss=token_out["loss"], loss=loss,
-                                        value_clip_frac=metrics["value_clip_frac"]))
+            accumulate(sums, metrics, mb["action_mask"])
+            if dump is not None and token_out is not None:
+                dump.append(dump_entry(mb, ("row_index", "action_mask", "returns"), values=values,
+                                       old_values=mb["values"], value_loss=token_out["loss"], loss=loss,
+                                       value_clip_frac=metrics["value_clip_frac"]))
         return self._finish_step(sums, dump, "critic_grad_norm", "critic_lr")
 
     # ----------------------------------------------------------------- weights and checkpoints
@@ -459,12 +422,13 @@ class ModelWorker:
         the LoRA A/B tensors (--lora_sync adapter); collective, rank 0 returns them, other ranks None."""
         named = self._engine_weights(adapter)
         if self.dist.rank != 0:
-            return _drain(named)
+            drain(named)
+            return None
         return {name: tensor.cpu() for name, tensor in named}
 
     def _engine_weights(self, adapter: bool) -> Iterator[tuple[str, torch.Tensor]]:
         """`_weights_for_engines`, without a frozen vision tower (--freeze_vision_tower: the engines keep theirs)."""
-        named = _weights_for_engines(self.model, self._engine_dtype(), adapter)
+        named = weights_for_engines(self.model, engine_dtype(self.cfg.vllm_dtype), adapter)
         if keeps_vision_tower(self.cfg):
             from rlhfkit.models.vision import without_vision_tower
 
@@ -483,7 +447,7 @@ class ModelWorker:
         if sender is not None:
             sender.close()
         self.weight_sender = WeightBroadcaster(engines, backend,  # deadline: --remote_call_timeout
-                                               timeout_s=getattr(self.cfg, "remote_call_timeout", None))
+                                               timeout_s=self.cfg.remote_call_timeout)
         return True
 
     def broadcast_weights(self, bucket_bytes: int, adapter: bool = False) -> SyncStats | None:
@@ -492,12 +456,13 @@ class ModelWorker:
         `adapter` only the LoRA A/B tensors travel (--lora_sync adapter)."""
         named = self._engine_weights(adapter)
         if self.dist.rank != 0:
-            return _drain(named)
+            drain(named)
+            return None
         try:
             return self.weight_sender.sync(named, bucket_bytes, lora_config=self.lora_config() if adapter else None,
                                            keep_vision_tower=keeps_vision_tower(self.cfg))
         except BaseException:  # an engine fault: finish the gathers, so the other ranks are not left in a collective
-            _drain(named)
+            drain(named)
             raise
 
     def lora_config(self) -> dict[str, Any]:
@@ -506,23 +471,19 @@ class ModelWorker:
 
         return adapter_config(self.model)
 
-    def _engine_dtype(self) -> torch.dtype | None:
-        """The rollout engines' dtype (--vllm_dtype, resolved by the driver): weights travel in it, so a bf16 engine
-        gets half the bytes and no side casts when trainer and engine agree."""
-        from rlhfkit.engine.precision import TORCH_DTYPES
-
-        return TORCH_DTYPES.get(getattr(self.cfg, "vllm_dtype", None) or "")
-
     def save_checkpoint(self, path: str, step: int, trainer_state: dict[str, Any], max_keep: int) -> str:
-        return str(save_checkpoint(path, step, self.model, self.engine.optimizer, self.engine.scheduler,
+        engine = self._trainer()
+        return str(save_checkpoint(path, step, self.model, engine.optimizer, engine.scheduler,
                                    trainer_state, max_keep, extra_state=self._ema_state()))
 
     def load_checkpoint(self, path: str) -> dict[str, Any] | None:
-        return load_checkpoint(path, self.model, self.engine.optimizer, self.engine.scheduler, seed=self.cfg.seed,
+        engine = self._trainer()
+        return load_checkpoint(path, self.model, engine.optimizer, engine.scheduler, seed=self.cfg.seed,
                                extra_state=self._ema_state())
 
     def _ema_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
-        return {"ema": self.engine.ema.state_dict()} if self.engine.ema is not None else None
+        ema = self._trainer().ema
+        return {"ema": ema.state_dict()} if ema is not None else None
 
     def save_hf(self, out_dir: str, tokenizer_spec: str, extra_config: dict[str, Any] | None = None) -> None:
         """The HF folder of this model; with --enable_ema (actor), of its EMA weights (what OpenRLHF saves)."""
@@ -535,83 +496,3 @@ class ModelWorker:
             from rlhfkit.models.vision import load_processor
 
             load_processor(tokenizer_spec).save_pretrained(out_dir)
-
-
-def _pad_to(values: torch.Tensor, width: int) -> torch.Tensor:
-    """[b, r] per-response-token values of a trimmed micro-batch back to the batch's response width (0 beyond)."""
-    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
-
-
-def has_active_dropout(model: torch.nn.Module) -> bool:
-    """Whether a training forward is random: a Dropout module with p > 0 (LoRA's too), or a config dropout rate > 0
-    (attention dropout is functional in most HF models, not a module)."""
-    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
-        return True
-    config = getattr(model, "config", None)
-    rates = {k: v for k, v in (vars(config) if config is not None else {}).items()
-             if ("dropout" in k or k.endswith("pdrop")) and isinstance(v, (int, float)) and not isinstance(v, bool)}
-    return any(v > 0 for v in rates.values())
-
-
-def _full_named_parameters(model: torch.nn.Module, only: Callable[[str], bool] | None = None,
-                            ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) per parameter (those whose name passes `only`), tied ones once; gathering a sharded
-    (DTensor) one is a collective, so every rank must consume this to the end. CPU-offloaded shards visit the mesh's
-    device for the gather."""
-    from torch.distributed.tensor import DTensor
-
-    for name, param in model.named_parameters():
-        if only is not None and not only(name):
-            continue
-        tensor = param.detach()
-        if getattr(param, "quant_state", None) is not None:  # --load_in_4bit: the engines get dequantized weights
-            import bitsandbytes.functional as bnb_functional
-
-            tensor = bnb_functional.dequantize_4bit(param.data, param.quant_state).to(torch.float32)
-        elif isinstance(tensor, DTensor):
-            if tensor.device.type != tensor.device_mesh.device_type:
-                tensor = tensor.to(tensor.device_mesh.device_type)
-            tensor = tensor.full_tensor()
-        yield name, tensor
-
-
-def _weights_for_engines(model: torch.nn.Module, dtype: torch.dtype | None = None, adapter: bool = False,
-                         ) -> Iterator[tuple[str, torch.Tensor]]:
-    """What the rollout engines load: full parameters under HF names, LoRA adapters merged into their layers, floating
-    tensors in the engines' `dtype` (None: as they are). `adapter`: only the LoRA A/B tensors, under their
-    saved-adapter names (only those are gathered)."""
-    from rlhfkit.models.lora import merged_weights
-    from rlhfkit.rollout.lora_sync import adapter_weights, is_adapter_tensor
-
-    if adapter:
-        named = adapter_weights(_full_named_parameters(model, is_adapter_tensor))
-    else:
-        named = merged_weights(model, _full_named_parameters(model))
-    for name, tensor in named:
-        yield name, tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
-
-
-def _drain(named: Iterator[tuple[str, torch.Tensor]]) -> None:
-    """Take part in every gather of `_full_named_parameters` (ranks other than 0 keep nothing)."""
-    for _ in named:
-        pass
-
-
-def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: str | torch.device) -> None:
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                state[key] = value.to(device, non_blocking=True)
-
-
-def _dump_entry(mb: dict[str, torch.Tensor], keys: tuple[str, ...], **tensors: Any) -> dict[str, Any]:
-    """One micro-batch of a --debug_dump_steps step: `keys` of `mb` (those present) and `tensors` (None left out),
-    detached on CPU."""
-    out = {k: mb[k] for k in keys if k in mb}
-    out.update({k: v for k, v in tensors.items() if v is not None})
-    return {k: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
-
-
-def _accumulate(sums: dict[str, float], metrics: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
-    """Token-weighted sums of per-micro-batch means (the driver divides by the global token count)."""
-    merge_metrics(sums, metrics, weight=float(mask.sum()))

@@ -4,6 +4,7 @@ process on a 1-rank gloo group, `init_model` as the driver calls it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from rlhfkit.cli.ppo import GROUPS
-from rlhfkit.config.parse import config_to_dict, flags_to_argv, parse_config
+from rlhfkit.config.parse import flags_to_argv, parse_config
 from rlhfkit.errors import ConfigError
 
 TOTAL = 10
@@ -36,7 +37,7 @@ def workers(tiny_model_dir, monkeypatch):
     owned = not dist.is_initialized()
 
     def make(cfg) -> dict:
-        values = {**config_to_dict(cfg), "torch_threads_per_worker": torch.get_num_threads()}
+        values = dataclasses.replace(cfg, torch_threads_per_worker=torch.get_num_threads())
         engines = {}
         for role, lr, scalar in (("actor", cfg.actor_learning_rate, False), ("critic", cfg.critic_learning_rate, True)):
             worker = ModelWorker(role, values, 0, 1, "127.0.0.1", port)

@@ -14,7 +14,7 @@ import sys
 import torch
 
 from rlhfkit.cli.ppo import GROUPS
-from rlhfkit.config.parse import config_to_dict, flags_to_argv, parse_config
+from rlhfkit.config.parse import flags_to_argv, parse_config
 from rlhfkit.rl.experience import build_experience
 from rlhfkit.rl.worker import ModelWorker
 
@@ -64,7 +64,7 @@ def main() -> None:
              "actor_learning_rate": 1e-3, "critic_learning_rate": 1e-3, "micro_train_batch_size": 3,
              "micro_rollout_batch_size": 4, "temperature": 0.7, "init_kl_coef": 0.1, "use_kl_loss": True,
              "kl_estimator": "k3", "seed": 1, **json.loads(ring_flags)}
-    cfg = {**config_to_dict(parse_config("ppo", GROUPS, flags_to_argv(flags))), "torch_threads_per_worker": 1}
+    cfg = parse_config("ppo", GROUPS, flags_to_argv({**flags, "torch_threads_per_worker": 1}))
     workers = {role: ModelWorker(role, cfg, rank, world, "127.0.0.1", int(port)) for role in ("actor", "ref", "critic")}
     workers["actor"].init_model(model_dir, True, 10, 0.0)  # lr 0: both layouts see the same weights
     workers["ref"].init_model(model_dir, False)

@@ -14,7 +14,7 @@ import torch
 from ppo_helpers import run, series
 from uppercase_rm import train_reward_model
 
-from rlhfkit.config.parse import config_to_dict, parse_config
+from rlhfkit.config.parse import parse_config
 from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.data.synthetic import write_jsonl
 from rlhfkit.errors import ConfigError
@@ -242,7 +242,7 @@ def test_reward_group_reads_the_last_token_like_the_reward_model_source(ray_clus
     for row, mask, want in zip(batch["sequences"], batch["attention_mask"], expected_rows):
         assert row[mask.bool()].tolist() == want and mask[-1] == 1  # left-padded, one eos at the end
     pg = make_placement_group(1, 1, 1.0)
-    group = ModelGroup("reward", config_to_dict(cfg), pg, 1)
+    group = ModelGroup("reward", cfg, pg, 1)
     try:
         group.call("init_model", reward_model, False, 1, 0.0, True, True)
         got = group.map_rows("rewards", batch)
