@@ -295,7 +295,7 @@ def _loop(s: RLSetup) -> dict[str, float]:
     steps t+1 .. t+N (--async_queue_size) are generated while step t trains (`rl.async_rollout.RolloutQueue`)."""
     cfg = s.cfg
     stream = PromptStream(s.prompts, cfg.seed, s.start_cursor)
-    sampling = SamplingConfig.from_args(cfg, stop_token_ids=s.stop_ids)
+    sampling = SamplingConfig.from_options(cfg, cfg.seed, stop_token_ids=s.stop_ids)
     print_derived_table("rlhfkit ppo", {**s.summary, "run dir": cfg.run_dir})
     metrics_log = MetricsLogger(cfg.run_dir, cfg)
     bar = progress_bar(s.total_steps, s.start_step, True, "ppo")

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlhfkit.rollout.remote import call_all
 from rlhfkit.rollout.types import FinishReason, NamedTensors, RolloutSample, SamplingConfig
+
+if TYPE_CHECKING:
+    from rlhfkit.config.inference_options import InferenceOptions
+    from rlhfkit.config.rl_options import RolloutOptions
 
 WORKER_EXTENSION = "rlhfkit.rollout.worker_ext.WeightReloadExtension"
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
@@ -344,17 +348,27 @@ def create_vllm_engines(
     return engines
 
 
-def engine_options_from_args(args: Any) -> dict[str, Any]:
-    """`create_vllm_engines` keyword arguments from the rollout flags (`--vllm_* --enforce_eager ... --seed`)."""
+def engine_options(opts: RolloutOptions | InferenceOptions, *, dtype: str, seed: int) -> dict[str, Any]:
+    """`create_vllm_engines` keyword arguments from the engine flags, the one builder of `ppo` (its rollout group:
+    `--vllm_tensor_parallel_size ... --generate_max_len`) and `batch-inference` (`--tp_size ... --max_new_tokens`):
+    `--vllm_gpu_memory_utilization --vllm_kv_cache_mb --enforce_eager --enable_prefix_caching --prompt_max_len`
+    are common. `dtype`: the engine's dtype flag value (`ENGINE_DTYPES` key: ppo's `--vllm_dtype`, batch-inference's
+    `--param_dtype`, resolved); `seed`: `--seed` (engine k gets `seed + k`)."""
+    from rlhfkit.config.rl_options import RolloutOptions
+
+    if isinstance(opts, RolloutOptions):
+        tensor_parallel_size, max_new_tokens = opts.vllm_tensor_parallel_size, opts.generate_max_len
+    else:
+        tensor_parallel_size, max_new_tokens = opts.tp_size, opts.max_new_tokens
     return {
-        "tensor_parallel_size": args.vllm_tensor_parallel_size,
-        "gpu_memory_utilization": args.vllm_gpu_memory_utilization,
-        "cpu_kv_cache_bytes": args.vllm_kv_cache_mb * 2**20,
-        "enforce_eager": args.enforce_eager,
-        "enable_prefix_caching": args.enable_prefix_caching,
-        "max_model_len": args.prompt_max_len + args.generate_max_len,
-        "dtype": ENGINE_DTYPES[args.param_dtype],
-        "seed": args.seed,
+        "tensor_parallel_size": tensor_parallel_size,
+        "gpu_memory_utilization": opts.vllm_gpu_memory_utilization,
+        "cpu_kv_cache_bytes": opts.vllm_kv_cache_mb * 2**20,
+        "enforce_eager": opts.enforce_eager,
+        "enable_prefix_caching": opts.enable_prefix_caching,
+        "max_model_len": opts.prompt_max_len + max_new_tokens,
+        "dtype": ENGINE_DTYPES[dtype],
+        "seed": seed,
     }
 
 
