@@ -13,9 +13,9 @@ from rlhfkit.rollout.types import RolloutSample, SamplingConfig
 from rlhfkit.rollout.weight_sync import named_weights_for_sync
 
 
-def test_sampling_config_from_the_rollout_flags():
+def test_sampling_config_from_flags():  # ppo's rollout group
     opts = RolloutOptions(temperature=0.7, top_p=0.9, generate_max_len=33, n_samples_per_prompt=4)
-    cfg = SamplingConfig.from_options(opts, 5, stop_token_ids=[2])
+    cfg = SamplingConfig.from_options(opts, seed=5, stop_token_ids=[2])
     assert (cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.n, cfg.seed) == (0.7, 0.9, 33, 4, 5)
     assert cfg.stop_token_ids == (2,)
 
