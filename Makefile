@@ -17,7 +17,7 @@ MYPY_PATHS = rlhfkit/errors.py rlhfkit/config rlhfkit/launch rlhfkit/algorithms 
   rlhfkit/rl/__init__.py rlhfkit/rl/async_rollout.py rlhfkit/rl/colocation.py rlhfkit/rl/debug_dump.py \
   rlhfkit/rl/engine_faults.py rlhfkit/rl/experience.py rlhfkit/rl/group.py rlhfkit/rl/packing.py \
   rlhfkit/rl/reward_group.py rlhfkit/rl/ring.py rlhfkit/rl/sync_check.py rlhfkit/rl/vision_batch.py \
-  rlhfkit/rl/weight_push.py rlhfkit/rollout
+  rlhfkit/rl/weight_push.py rlhfkit/rollout rlhfkit/agents
 
 .PHONY: install demo test test-slow test-all lint docs bench bench-peers mutation clean
 
