@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,15 +125,19 @@ def _executor(module: Any, path: str) -> MultiTurnAgentExecutor | None:
         raise ConfigError(f"{FLAG} {path}: {EXECUTOR_CLASS}.execute is not supported: rlhfkit runs the turns itself "
                           "(batched, token in and token out) and calls your AgentInstance's reset/step; remove "
                           f"execute, or define {RUN_AGENT}(base_url, prompt, label) for an agent of its own loop")
+    make: Callable[[], MultiTurnAgentExecutor] = cls  # the file's subclass: its __init__ takes no argument
     try:
-        return cls()
+        return make()
     except Exception as err:
         raise ConfigError(f"{FLAG} {path}: {EXECUTOR_CLASS}() raised {type(err).__name__}: {err}") from err
 
 
 def new_instance(agent: AgentSpec, episode: int) -> Any:
+    make: Callable[[], Any] | None = agent.executor.new_episode if agent.executor is not None else agent.cls
+    if make is None:
+        raise AgentError(f"{agent.name}: no environment class to make episode {episode} from (a run_agent file)")
     try:
-        return agent.executor.new_episode() if agent.executor is not None else agent.cls()
+        return make()
     except Exception as err:
         raise AgentError(f"{agent.where('__init__', episode)} raised {type(err).__name__}: {err}") from err
 

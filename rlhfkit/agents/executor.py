@@ -104,7 +104,7 @@ def seed_agent_generators(seed: int | None) -> None:
 
 
 def _start(prompts: list[dict[str, Any]], n: int, agent: AgentSpec, tokenizer: Any) -> list[Episode]:
-    episodes = []
+    episodes: list[Episode] = []
     for i, prompt in enumerate(prompts):
         for j in range(n):
             row = len(episodes)
@@ -144,7 +144,7 @@ def _act(engines: Sequence[Any], running: list[Episode], sampling: SamplingConfi
 
 def _respond(running: list[Episode], agent: AgentSpec, tokenizer: Any, budget: int, turn: int) -> None:
     """Step every running episode with its last action; append the feedback of those that go on."""
-    calls = []
+    calls: list[tuple[Any, dict[str, Any], int, int | None]] = []
     for e in running:
         states = {"observation_text": e.transcript,
                   "action_text": tokenizer.decode(e.last_action, skip_special_tokens=True),
@@ -171,17 +171,25 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
 
+def _last_result(e: Episode) -> StepResult:
+    """The episode's last step result (every finished episode has one: `_respond` sets it before `done`)."""
+    if e.result is None:
+        raise RuntimeError(f"episode {e.row} finished without a step result")
+    return e.result
+
+
 def _collect(episodes: list[Episode], tokenizer: Any, clock: dict[str, float]) -> AgentRollout:
     samples = [RolloutSample(e.prompt_index, e.sample_index, e.prompt_ids, e.tokens, e.logprobs, e.finish,
                              {"turns": e.turns}, e.mask) for e in episodes]
+    results = [_last_result(e) for e in episodes]
     logs: dict[str, list[float]] = {}
-    for e in episodes:
-        for key, value in e.result.extra_logs.items():
+    for result in results:
+        for key, value in result.extra_logs.items():
             logs.setdefault(key, []).append(value)
     return AgentRollout(
         samples=samples,
-        rewards=torch.tensor([e.result.reward for e in episodes], dtype=torch.float32),
-        scores=torch.tensor([e.result.score for e in episodes], dtype=torch.float32),
+        rewards=torch.tensor([r.reward for r in results], dtype=torch.float32),
+        scores=torch.tensor([r.score for r in results], dtype=torch.float32),
         texts=[tokenizer.decode(e.tokens, skip_special_tokens=True) for e in episodes],
         extra_logs={k: torch.tensor(v, dtype=torch.float32) for k, v in logs.items()},
         generation_seconds=clock["generation"],

@@ -83,6 +83,8 @@ class EpisodeLog:
             if text.startswith(prefix):
                 return before + encode(text[len(prefix):])
             ids = encode(text)
+        elif ids is None:  # text only, after a call that was given ids
+            ids = encode(text or "")
         if ids[:len(before)] == before:
             return list(ids)
         turn = len(self.calls)

@@ -125,9 +125,7 @@ def generate(cfg: BatchInferenceConfig, engines: list[Any] | None, stats: dict[s
     if cfg.tokenizer_chat_template:
         tokenizer.chat_template = cfg.tokenizer_chat_template
     prompts, first = prompt_slice(cfg, tokenizer)
-    sampling = SamplingConfig(temperature=0.0 if cfg.greedy_sampling else cfg.temperature, top_p=cfg.top_p,
-                              max_new_tokens=cfg.max_new_tokens, n=cfg.best_of_n, seed=cfg.seed,
-                              stop_token_ids=tuple(stop_token_ids(tokenizer))).shifted(first)
+    sampling = SamplingConfig.from_options(cfg, cfg.seed, stop_token_ids=stop_token_ids(tokenizer)).shifted(first)
     owned = engines is None
     if engines is None:
         engines, owns_ray = start_engines(cfg, path)
@@ -166,14 +164,10 @@ def start_engines(cfg: BatchInferenceConfig, path: str) -> tuple[list[Any], bool
 
         return create_hf_engines(cfg.vllm_num_engines, path, dtype=ENGINE_DTYPES[cfg.param_dtype],
                                  log_dir=log_dir), owns_ray
-    from rlhfkit.rollout.vllm_engine import create_vllm_engines
+    from rlhfkit.rollout.vllm_engine import create_vllm_engines, engine_options
 
-    engines = create_vllm_engines(
-        cfg.vllm_num_engines, path, tensor_parallel_size=cfg.tp_size,
-        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, cpu_kv_cache_bytes=cfg.vllm_kv_cache_mb << 20,
-        enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
-        max_model_len=cfg.prompt_max_len + cfg.max_new_tokens, dtype=ENGINE_DTYPES[cfg.param_dtype], seed=cfg.seed,
-        log_dir=log_dir)
+    options = engine_options(cfg, dtype=cfg.param_dtype, seed=cfg.seed)  # the builder `ppo` uses too
+    engines = create_vllm_engines(cfg.vllm_num_engines, path, log_dir=log_dir, **options)
     return engines, owns_ray
 
 

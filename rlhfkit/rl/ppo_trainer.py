@@ -301,7 +301,7 @@ def _loop(s: RLSetup) -> dict[str, float]:
     cfg = s.cfg
     run_dir = need(cfg.run_dir, "--run_dir")  # set by build_setup (prepare_run_dir)
     stream = PromptStream(s.prompts, cfg.seed, s.start_cursor)
-    sampling = SamplingConfig.from_args(cfg, stop_token_ids=s.stop_ids)
+    sampling = SamplingConfig.from_options(cfg, cfg.seed, stop_token_ids=s.stop_ids)
     print_derived_table("rlhfkit ppo", {**s.summary, "run dir": run_dir})
     metrics_log = MetricsLogger(run_dir, cfg)
     bar = progress_bar(s.total_steps, s.start_step, True, "ppo")

@@ -212,7 +212,7 @@ def cfg_name(spec: str) -> str:
 def _engines(cfg: PPOConfig, path: str, placement: Placement, indices: list[int] | None = None) -> list[Any]:
     """The run's rollout engines from the flags; `indices`: only those engines, with their own options (a restart
     after a fault, `rlhfkit.rl.engine_faults`)."""
-    from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES, create_vllm_engines, engine_options_from_args
+    from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES, create_vllm_engines, engine_options
 
     log_dir = None if cfg.verbose or not cfg.run_dir else os.path.join(cfg.run_dir, "logs")  # engine<k>.log
     if cfg.rollout_backend == "hf":
@@ -221,8 +221,7 @@ def _engines(cfg: PPOConfig, path: str, placement: Placement, indices: list[int]
         return create_hf_engines(cfg.vllm_num_engines, path, dtype=ENGINE_DTYPES[cfg.vllm_dtype], log_dir=log_dir,
                                  indices=indices)
 
-    options = engine_options_from_args(cfg)
-    options["dtype"] = ENGINE_DTYPES[cfg.vllm_dtype]  # resolved by apply_precision (auto = the trainer's)
+    options = engine_options(cfg, dtype=cfg.vllm_dtype, seed=cfg.seed)  # vllm_dtype: resolved by apply_precision
     if "engines" in placement.groups:  # --colocate_all_models: engine k on the actor's bundle k (x TP)
         share = placement.share("engines")
         options.update(placement_group=placement.groups["engines"], num_gpus_per_engine=share,

@@ -40,10 +40,12 @@ class HFEngine:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if cpu_threads_share and self.device.type == "cpu":
             set_cpu_threads(0, cpu_threads_share)
-        self.model = load_causal_lm(pretrain_path, dtype=_DTYPES[dtype]).to(self.device).eval()
+        model = load_causal_lm(pretrain_path, dtype=_DTYPES[dtype])
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers types .to() for dtypes only
         self.eos_token_ids = _eos_ids(self.model)
         self.pad_token_id = int(self.model.config.pad_token_id)
         self._weight_slot = WeightGroupSlot()  # --vllm_sync_backend gloo|nccl
+        self._loaded: set[str] = set()  # the parameters the current weight update wrote
         self.dtype, self.prompts_generated = dtype, 0
 
     def ready(self) -> bool:
@@ -111,12 +113,14 @@ class HFEngine:
         for row, seq in enumerate(seqs):
             ids[row, : len(seq)] = torch.tensor(seq)
             mask[row, : len(seq)] = 1
-        logp = response_log_probs(self.model, ids.to(self.device), mask.to(self.device)).cpu()
+        logp = response_log_probs(self.model, ids.to(self.device), mask.to(self.device))
+        assert isinstance(logp, torch.Tensor)  # no entropy asked for
+        logp = logp.cpu()
         return [logp[row, len(p) - 1 : len(s) - 1].tolist() for row, (p, s) in enumerate(zip(prompt_ids, seqs))]
 
     def begin_weight_update(self) -> None:
         """Parameters are overwritten in place bucket by bucket; start recording which."""
-        self._loaded: set[str] = set()
+        self._loaded = set()
 
     @torch.no_grad()
     def load_weight_bucket(self, named_tensors: NamedTensors) -> int:
@@ -124,14 +128,14 @@ class HFEngine:
         result = self.model.load_state_dict(dict(named_tensors), strict=False)
         if result.unexpected_keys:
             raise KeyError(f"weight sync sent names the HF engine's model does not have: {result.unexpected_keys[:8]}")
-        getattr(self, "_loaded", set()).update(name for name, _ in named_tensors)
+        self._loaded.update(name for name, _ in named_tensors)
         return len(named_tensors)
 
     def finish_weight_update(self) -> None:
         """Check that every parameter was written (no cache outlives a `generate` call, so nothing else to do)."""
         from rlhfkit.rollout.worker_ext import check_every_parameter_loaded
 
-        check_every_parameter_loaded(self.model, getattr(self, "_loaded", set()), "HF engine")
+        check_every_parameter_loaded(self.model, self._loaded, "HF engine")
 
     # ---- weight sync over a torch.distributed broadcast (--vllm_sync_backend gloo|nccl), see weight_broadcast
     def compute_threads(self) -> int:

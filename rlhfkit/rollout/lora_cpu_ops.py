@@ -73,8 +73,8 @@ def install() -> None:
     from vllm.lora.ops.torch_ops import lora_ops
     from vllm.lora.punica_wrapper import punica_cpu
 
+    ops = {"bgmv_shrink": bgmv_shrink, "bgmv_expand": bgmv_expand, "bgmv_expand_slice": bgmv_expand_slice}
     for module in (lora_ops, punica_cpu):
-        module.bgmv_shrink = bgmv_shrink
-        module.bgmv_expand = bgmv_expand
-        module.bgmv_expand_slice = bgmv_expand_slice
+        for name, op in ops.items():  # a module attribute replaced by name: vLLM's callers look it up there
+            setattr(module, name, op)
     _INSTALLED = True

@@ -67,7 +67,11 @@ def adapter_weights(named: Iterable[tuple[str, torch.Tensor]], adapter: str = "d
 
 def adapter_config(model: torch.nn.Module) -> dict[str, Any]:
     """The active adapter's peft config as JSON-ready dict (what ``adapter_config.json`` holds)."""
-    peft_model = getattr(model, "module", model)
+    from peft import PeftModel
+
+    peft_model = getattr(model, "module", model)  # an FSDP-wrapped model's own module
+    if not isinstance(peft_model, PeftModel):
+        raise TypeError(f"adapter_config needs a peft model (--lora_rank > 0), got {type(peft_model).__name__}")
     config = peft_model.peft_config[peft_model.active_adapter].to_dict()
     return {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
 

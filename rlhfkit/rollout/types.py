@@ -15,9 +15,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from rlhfkit.config.inference_options import InferenceOptions
+    from rlhfkit.config.rl_options import RolloutOptions
 
 FinishReason = Literal["stop", "length"]
 NamedTensors = list[tuple[str, torch.Tensor]]
@@ -77,16 +81,21 @@ class SamplingConfig:
         return dataclasses.replace(self, seed=self.seed + prompt_offset * self.n)
 
     @classmethod
-    def from_args(cls, args: Any, stop_token_ids: Sequence[int] = ()) -> SamplingConfig:
-        """Build from parsed flags (`--temperature --top_p --generate_max_len --n_samples_per_prompt --seed`)."""
-        return cls(
-            temperature=args.temperature,
-            top_p=args.top_p,
-            max_new_tokens=args.generate_max_len,
-            n=args.n_samples_per_prompt,
-            seed=getattr(args, "seed", None),
-            stop_token_ids=tuple(stop_token_ids),
-        )
+    def from_options(cls, opts: RolloutOptions | InferenceOptions, seed: int | None,
+                     stop_token_ids: Sequence[int] = ()) -> SamplingConfig:
+        """Build from the sampling flags of either command: ppo's rollout group (`--temperature --top_p
+        --generate_max_len --n_samples_per_prompt`) or batch-inference's (`--temperature`, 0 with
+        `--greedy_sampling`, `--top_p --max_new_tokens --best_of_n`). `seed`: `--seed`, declared in another group
+        by each command (ppo: TrainOptions, batch-inference: InferenceModelOptions)."""
+        from rlhfkit.config.rl_options import RolloutOptions
+
+        if isinstance(opts, RolloutOptions):
+            temperature, max_new_tokens, n = opts.temperature, opts.generate_max_len, opts.n_samples_per_prompt
+        else:
+            temperature = 0.0 if opts.greedy_sampling else opts.temperature
+            max_new_tokens, n = opts.max_new_tokens, opts.best_of_n
+        return cls(temperature=temperature, top_p=opts.top_p, max_new_tokens=max_new_tokens, n=n, seed=seed,
+                   stop_token_ids=tuple(stop_token_ids))
 
 
 @dataclass

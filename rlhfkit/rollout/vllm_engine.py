@@ -15,14 +15,30 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from rlhfkit.rollout.remote import call_all
 from rlhfkit.rollout.types import FinishReason, NamedTensors, RolloutSample, SamplingConfig
 
+if TYPE_CHECKING:
+    from vllm import RequestOutput
+    from vllm.lora.request import LoRARequest
+
+    from rlhfkit.config.inference_options import InferenceOptions
+    from rlhfkit.config.rl_options import RolloutOptions
+
 WORKER_EXTENSION = "rlhfkit.rollout.worker_ext.WeightReloadExtension"
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
-ENGINE_DTYPES = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # flag value -> vLLM
+VLLMDType = Literal["auto", "bfloat16", "float16", "float32"]  # the dtype names rlhfkit gives vLLM
+ENGINE_DTYPES: dict[str, VLLMDType] = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def vllm_dtype(dtype: str) -> VLLMDType:
+    """`dtype` as one of vLLM's dtype names (`ENGINE_DTYPES` values); raises for any other."""
+    for name in get_args(VLLMDType):
+        if name == dtype:
+            return name
+    raise ValueError(f"vLLM engine dtype must be one of {list(get_args(VLLMDType))}, got {dtype!r}")
 
 
 class VLLMEngine:
@@ -75,7 +91,9 @@ class VLLMEngine:
         # vLLM's CPU backend crashes on seeded requests whose prompt is prefilled in chunks ("CPU Generator does
         # not use offset" when it rewinds the generator): on CPU, prefill every prompt whole.
         extra: dict[str, Any] = {"enable_sleep_mode": True} if enable_sleep_mode else {}
-        self.max_lora_rank, self.lora_request, self.lora_dir = max_lora_rank, None, None
+        self.max_lora_rank = max_lora_rank
+        self.lora_request: LoRARequest | None = None  # the adapter served now (None: the plain model)
+        self.lora_dir: str | None = None  # where adapters are written (None: no LoRA support)
         if max_lora_rank > 0:  # one adapter at a time: the current one (see finish_lora_update)
             import tempfile
 
@@ -96,7 +114,7 @@ class VLLMEngine:
             enforce_eager=enforce_eager,
             enable_prefix_caching=enable_prefix_caching,
             max_model_len=max_model_len,
-            dtype=dtype,
+            dtype=vllm_dtype(dtype),
             seed=seed,
             logprobs_mode=logprobs_mode,
             worker_extension_cls=WORKER_EXTENSION,
@@ -132,7 +150,7 @@ class VLLMEngine:
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
         self.prompts_generated += len(prompt_ids)
         with_images = images is not None
-        return [_to_sample(i, j, list(out.prompt_token_ids) if with_images else prompt_ids[i], out.outputs[0])
+        return [_to_sample(i, j, _prompt_ids(out) if with_images else prompt_ids[i], out.outputs[0])
                 for (i, j), out in zip(keys, outputs)]
 
     def score(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
@@ -143,11 +161,8 @@ class VLLMEngine:
         prompts = [TokensPrompt(prompt_token_ids=list(p) + list(r)) for p, r in zip(prompt_ids, response_ids)]
         params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
-        scores = []
-        for p, r, out in zip(prompt_ids, response_ids, outputs):
-            seq = list(p) + list(r)
-            scores.append([out.prompt_logprobs[t][seq[t]].logprob for t in range(len(p), len(seq))])
-        return scores
+        return [_prompt_logprobs(out, list(p) + list(r), len(p))
+                for p, r, out in zip(prompt_ids, response_ids, outputs)]
 
     def begin_weight_update(self, keep_vision_tower: bool = False) -> None:
         """Start a streamed in-place weight update on every worker (`keep_vision_tower`: a frozen vision tower is
@@ -184,6 +199,8 @@ class VLLMEngine:
 
         from vllm.lora.request import LoRARequest
 
+        if self.lora_dir is None:
+            raise RuntimeError("finish_lora_update on an engine started without LoRA support (max_lora_rank 0)")
         previous = self.lora_request
         lora_id = 1 if previous is None else previous.lora_int_id + 1
         path = os.path.join(self.lora_dir, f"adapter-{lora_id}")
@@ -261,6 +278,27 @@ def _sampling_params(sampling: SamplingConfig, seed: int | None) -> Any:
         skip_special_tokens=False,
         detokenize=False,
     )
+
+
+def _prompt_ids(out: RequestOutput) -> list[int]:
+    """The prompt's token ids as vLLM ran them (image placeholders expanded)."""
+    if out.prompt_token_ids is None:
+        raise RuntimeError("vLLM returned a request output without its prompt token ids")
+    return list(out.prompt_token_ids)
+
+
+def _prompt_logprobs(out: RequestOutput, seq: list[int], start: int) -> list[float]:
+    """log softmax(logits)[seq[t]] for t >= start, from a request run with `prompt_logprobs=0`."""
+    logprobs = out.prompt_logprobs
+    if logprobs is None:
+        raise RuntimeError("vLLM returned no prompt log-probs for a request that asked for them")
+    scores = []
+    for t in range(start, len(seq)):
+        step = logprobs[t]
+        if step is None:  # only position 0 has none, and start >= 1 (a prompt is never empty)
+            raise RuntimeError(f"vLLM returned no prompt log-prob at position {t}")
+        scores.append(step[seq[t]].logprob)
+    return scores
 
 
 def _to_sample(prompt_index: int, sample_index: int, prompt: list[int], completion: Any) -> RolloutSample:
@@ -344,17 +382,27 @@ def create_vllm_engines(
     return engines
 
 
-def engine_options_from_args(args: Any) -> dict[str, Any]:
-    """`create_vllm_engines` keyword arguments from the rollout flags (`--vllm_* --enforce_eager ... --seed`)."""
+def engine_options(opts: RolloutOptions | InferenceOptions, *, dtype: str, seed: int) -> dict[str, Any]:
+    """`create_vllm_engines` keyword arguments from the engine flags, the one builder of `ppo` (its rollout group:
+    `--vllm_tensor_parallel_size ... --generate_max_len`) and `batch-inference` (`--tp_size ... --max_new_tokens`):
+    `--vllm_gpu_memory_utilization --vllm_kv_cache_mb --enforce_eager --enable_prefix_caching --prompt_max_len`
+    are common. `dtype`: the engine's dtype flag value (`ENGINE_DTYPES` key: ppo's `--vllm_dtype`, batch-inference's
+    `--param_dtype`, resolved); `seed`: `--seed` (engine k gets `seed + k`)."""
+    from rlhfkit.config.rl_options import RolloutOptions
+
+    if isinstance(opts, RolloutOptions):
+        tensor_parallel_size, max_new_tokens = opts.vllm_tensor_parallel_size, opts.generate_max_len
+    else:
+        tensor_parallel_size, max_new_tokens = opts.tp_size, opts.max_new_tokens
     return {
-        "tensor_parallel_size": args.vllm_tensor_parallel_size,
-        "gpu_memory_utilization": args.vllm_gpu_memory_utilization,
-        "cpu_kv_cache_bytes": args.vllm_kv_cache_mb * 2**20,
-        "enforce_eager": args.enforce_eager,
-        "enable_prefix_caching": args.enable_prefix_caching,
-        "max_model_len": args.prompt_max_len + args.generate_max_len,
-        "dtype": ENGINE_DTYPES[args.param_dtype],
-        "seed": args.seed,
+        "tensor_parallel_size": tensor_parallel_size,
+        "gpu_memory_utilization": opts.vllm_gpu_memory_utilization,
+        "cpu_kv_cache_bytes": opts.vllm_kv_cache_mb * 2**20,
+        "enforce_eager": opts.enforce_eager,
+        "enable_prefix_caching": opts.enable_prefix_caching,
+        "max_model_len": opts.prompt_max_len + max_new_tokens,
+        "dtype": ENGINE_DTYPES[dtype],
+        "seed": seed,
     }
 
 

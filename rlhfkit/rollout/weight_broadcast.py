@@ -126,9 +126,10 @@ class WeightGroupMember:
         check_backend(backend, torch.cuda.is_available())
         timeout_s = remote_call_timeout() if timeout_s is None else timeout_s
         self.backend, self.rank = backend, rank
-        self.store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
-        self.store.add(JOINED_KEY, 1)  # tells the sender this member is alive and about to build its side
-        self.group = new_group(backend, self.store, rank, world_size, timeout_s)
+        store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+        store.add(JOINED_KEY, 1)  # tells the sender this member is alive and about to build its side
+        self.store: dist.TCPStore | None = store  # None once closed
+        self.group = new_group(backend, store, rank, world_size, timeout_s)
 
     def receive(self, meta: BucketMeta) -> NamedTensors:
         """Allocate the bucket's buffer from `meta`, receive the sender's broadcast into it, return named tensors.
@@ -194,14 +195,15 @@ class WeightBroadcaster:
         self.device = group_device(backend)
         world_size = 1 + sum(info["workers"] for info in infos)
         host = host or ray.util.get_node_ip_address()
-        self.store = dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=timeout_s))
+        store = dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=timeout_s))
+        self.store: dist.TCPStore | None = store  # None once dropped
         offsets = [1 + sum(info["workers"] for info in infos[:k]) for k in range(len(infos))]
-        joins = [e.join_weight_group.remote(host, self.store.port, offset, world_size, backend, timeout_s)
+        joins = [e.join_weight_group.remote(host, store.port, offset, world_size, backend, timeout_s)
                  for e, offset in zip(self.engines, offsets)]
-        self._await_members(joins, world_size - 1)
+        self._await_members(store, joins, world_size - 1)
         try:
-            self.group = new_group(backend, self.store, 0, world_size, timeout_s)  # completes with the joins
+            self.group = new_group(backend, store, 0, world_size, timeout_s)  # completes with the joins
         except Exception:  # an engine died between reaching the store and joining: name it if so
             wait_remote(joins, role="engine", method="join_weight_group", handles=self.engines, timeout_s=1.0)
             raise
@@ -209,14 +211,14 @@ class WeightBroadcaster:
         self.world_size = world_size
         self._staging: torch.Tensor | None = None
 
-    def _await_members(self, joins: list[Any], members: int) -> None:
+    def _await_members(self, store: dist.TCPStore, joins: list[Any], members: int) -> None:
         """Wait until every engine worker has reached the store before building the sender's side (whose
         constructor blocks, uninterruptibly, until all ranks connect): an engine that dies or hangs before joining
         raises at once (`RemoteActorDied`) or at the deadline (`RemoteCallTimeout`) instead of blocking here."""
         import ray
 
         began = time.monotonic()
-        while self.store.add(JOINED_KEY, 0) < members:
+        while store.add(JOINED_KEY, 0) < members:
             done, _ = ray.wait(joins, num_returns=len(joins), timeout=JOIN_POLL_S)
             if done or time.monotonic() - began > self.timeout_s:
                 # a join that returned before the group exists failed (died, or raised): name it; else the deadline

@@ -34,16 +34,50 @@ collide with the worker's own (`update_weights` exists already).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol, cast
+
 import torch
 
 from rlhfkit.rollout.types import NamedTensors
 from rlhfkit.rollout.weight_broadcast import WeightGroupSlot
 
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+
+class ModelRunner(Protocol):
+    """What this extension uses of the vLLM worker's model runner (`GPUModelRunner`, or its subclass
+    `CPUModelRunner` on CPU)."""
+
+    vllm_config: VllmConfig
+
+    def get_model(self) -> torch.nn.Module: ...
+
+    def reset_lora_state(self) -> None: ...
+
+    def reset_encoder_cache(self) -> None: ...
+
+    def reset_mm_cache(self) -> None: ...
+
+
+class LoadsWeights(Protocol):
+    """A vLLM model's loader (every vLLM model class has it): loads (HF name, tensor) pairs, returns the names of
+    the parameters it loaded (None for a model that does not report them)."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str] | None: ...
+
+
+class QuantMethod(Protocol):
+    """A vLLM layer's `quant_method` (also for unquantised layers): its post-load step packs the kernel weights."""
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None: ...
+
 
 class WeightReloadExtension:
     """Mixed into vLLM's worker. State between calls lives on the worker (`_rlhf_loaded`)."""
 
-    model_runner: object  # provided by the vLLM worker this class is mixed into
+    model_runner: ModelRunner  # provided by the vLLM worker this class is mixed into
 
     def rlhf_begin_weight_update(self, keep_vision_tower: bool = False) -> None:
         """Put every layer into layerwise-reload mode (weights now load into buffers, not kernels).
@@ -64,8 +98,9 @@ class WeightReloadExtension:
             adapter.extend((name, t.clone()) for name, t in named_tensors)  # broadcast buffers are reused
             return len(named_tensors)
         loaded = self._rlhf_require_update("rlhf_load_weight_bucket")
+        model = cast(LoadsWeights, self.model_runner.get_model())  # every vLLM model class defines load_weights
         with torch.no_grad():
-            names = self.model_runner.get_model().load_weights(iter(named_tensors))
+            names = model.load_weights(iter(named_tensors))
         loaded.update(names or ())
         return len(named_tensors)
 
@@ -151,15 +186,16 @@ def check_every_parameter_loaded(model: torch.nn.Module, loaded: set[str], engin
 
 def _reprocess_tied_modules(model: torch.nn.Module) -> None:
     """Re-run post-load processing (e.g. CPU GEMM packing) of modules whose weight is shared with another module."""
-    owners: dict[int, list[torch.nn.Module]] = {}
+    owners: dict[int, list[tuple[torch.nn.Module, QuantMethod]]] = {}
     for module in model.modules():
         weight = module._parameters.get("weight")
-        if weight is not None and getattr(module, "quant_method", None) is not None:
-            owners.setdefault(id(weight), []).append(module)
+        method: QuantMethod | None = getattr(module, "quant_method", None)
+        if weight is not None and method is not None:
+            owners.setdefault(id(weight), []).append((module, method))
     for modules in owners.values():
         if len(modules) > 1:
-            for module in modules:
-                module.quant_method.process_weights_after_loading(module)
+            for module, method in modules:
+                method.process_weights_after_loading(module)
 
 
 def _repack_cpu_moe_experts(model: torch.nn.Module) -> int:
