@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfkit.config.options import RemoteRewardOptions, opt
+from rlhfkit.config.options import opt
 
 
 @dataclass
@@ -77,5 +77,3 @@ class InferenceOptions:
     verbose: bool = opt(False, "show Ray's and vLLM's logs live on the console; without it the engines' logs go to "
                                "<output_path>.logs/ and the console keeps rlhfkit's own lines")
 
-
-INFERENCE_GROUPS = [InferenceModelOptions, InferenceDataOptions, InferenceOptions, RemoteRewardOptions]

@@ -4,13 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfkit.config.optim_options import RoleOptimOptions
 from rlhfkit.config.options import (
-    CheckpointOptions,
-    LoggingOptions,
-    ModelOptions,
-    RemoteRewardOptions,
-    TrainOptions,
     opt,
 )
 
@@ -254,7 +248,3 @@ class VisionOptions:
                                           "at weight sync (the engines keep theirs); --no-freeze_vision_tower "
                                           "trains and syncs it too")
 
-
-RL_GROUPS: list[type] = [PlacementOptions, RolloutOptions, RLAlgorithmOptions, RewardOptions, RemoteRewardOptions,
-                         PromptDataOptions, VisionOptions, ModelOptions, TrainOptions, RoleOptimOptions,
-                         CheckpointOptions, LoggingOptions]
