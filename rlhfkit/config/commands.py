@@ -1,16 +1,21 @@
 """One static, typed configuration class per command (#12): what `parse_config` returns.
 
-Each class inherits the command's option groups (`rlhfkit.config.*_options`) in the order the command lists them,
-so a flag declared in several groups takes its type, default and help from the FIRST group that declares it (a
-command's own group first: `RMOptions.learning_rate` 9e-6 over `TrainOptions.learning_rate` 5e-6), exactly as the
-parser (`rlhfkit.config.parse.build_parser`, the same `GROUPS`) and the generated docs do.
-`tests/config/test_commands.py` checks every class against that rule, field by field.
+Each class inherits the command's option groups (`rlhfkit.config.*_options`; its `GROUPS`, in --help order). Every
+flag is declared in exactly ONE group, with one type, one default and one help: where commands share flags they share
+a small group (the vLLM engines and sampling of ppo and batch-inference, the reward sources of ppo, batch-inference
+and serve-rm, the preference keys of rm and dpo, the reference model of dpo, kto and ppo, ...). A command whose
+default differs is named in ONE table, `COMMAND_DEFAULTS` (rm: --learning_rate 9e-6 where the group says 5e-6);
+a command for which the flag means something else has its own help in the field's `command_help` (and narrower
+choices in `command_choices`). `command_class` applies both when the class is created, so the class's fields are
+what the command takes, and the parser (`rlhfkit.config.parse.build_parser`) and the generated docs read them.
+`tests/config/test_commands.py` checks that no flag is declared twice and every class against its groups and the
+table, field by field.
 
 Because a command's class IS an instance of each of its groups, a consumer can ask for only the group it reads
 (`def f(cfg: TrainOptions)` accepts `SFTConfig` and `PPOConfig`), and mypy follows every `cfg.flag` read:
 
 - `TrainingConfig`: what every training command shares (model, engine, checkpoints, logging): the engine's helpers.
-- `OfflineConfig`: `TrainingConfig` + `DataOptions`: the shared loop of sft, rm, dpo, kto, kd and prm.
+- `OfflineConfig`: `TrainingConfig` + the data groups: the shared loop of sft, rm, dpo, kto, kd and prm.
 - one class per command: `SFTConfig`, `RMConfig`, `DPOConfig`, `KTOConfig`, `KDConfig`, `PRMConfig`, `PPOConfig`,
   `BatchInferenceConfig`, `ServeRMConfig`; `CONFIG_CLASSES` maps the command name to it.
 
