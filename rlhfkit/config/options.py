@@ -92,7 +92,8 @@ class InputOptions:
     max_samples: int = opt(1_000_000, "use at most this many rows (training samples, prompts)")
     input_key: str = opt("input", "key of the prompt (string or list of chat messages)")
     input_template: str | None = opt(None, "template with one {} for the prompt, e.g. 'User: {}\\nAssistant: ' "
-                                           "(ignored with --apply_chat_template)")
+                                           "(ignored with --apply_chat_template)",
+                                     command_help={"prm": "template with one {} for the input text"})
     apply_chat_template: bool = opt(False, "format prompts with the tokenizer's chat template")
     tokenizer_chat_template: str | None = opt(None, "override the tokenizer's chat template (Jinja string)")
 
