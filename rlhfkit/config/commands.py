@@ -149,12 +149,17 @@ def command_class(cls: _C) -> _C:
     defaults = COMMAND_DEFAULTS.get(command, {})
     annotations = cls.__dict__.get("__annotations__", {})
     cls.__annotations__ = annotations
+    done: set[str] = set()
     for group in cls.GROUPS:  # type: ignore[attr-defined]
         hints = get_type_hints(group)
         for f in fields(group):
             if f.name in defaults or _is_own(command, f):
                 annotations[f.name] = hints[f.name]
                 setattr(cls, f.name, command_field(command, f, defaults.get(f.name, MISSING)))
+                done.add(f.name)
+    if set(defaults) - done:
+        raise TypeError(f"COMMAND_DEFAULTS[{command!r}] names flags {sorted(set(defaults) - done)} that "
+                        f"'rlhfkit {command}' does not have")
     return cls
 
 
