@@ -35,10 +35,9 @@ GEN_PROMPTS, GEN_SAMPLES, GEN_TOKENS = 4, 2, 32  # 8 sequences of 32 prompt + 32
 
 def lora_actor(path: str) -> Any:
     from rlhfkit.config.parse import config_to_dict, parse_config
-    from rlhfkit.config.rl_options import RL_GROUPS
     from rlhfkit.rl.group import ModelGroup, make_placement_group
 
-    cfg = parse_config("ppo", RL_GROUPS, ["--pretrain", path, "--prompt_data", "unused", "--remote_rm_url", "x",
+    cfg = parse_config("ppo", None, ["--pretrain", path, "--prompt_data", "unused", "--remote_rm_url", "x",
                                           "--lora_rank", str(RANK), "--target_modules", *TARGETS])
     actor = ModelGroup("actor", config_to_dict(cfg), make_placement_group(1, 1, 0.25), 1)
     actor.call("init_model", path, True)

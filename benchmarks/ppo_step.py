@@ -47,7 +47,6 @@ def reward_model(out: Path) -> str:
 
 def run_layout(name: str, steps: int, rm: str, tmp: Path) -> dict:
     from rlhfkit.config.parse import parse_config
-    from rlhfkit.config.rl_options import RL_GROUPS
     from rlhfkit.data.synthetic import arithmetic_rows, write_jsonl
     from rlhfkit.rl.ppo_trainer import train_ppo
 
@@ -59,7 +58,7 @@ def run_layout(name: str, steps: int, rm: str, tmp: Path) -> dict:
     for key, value in flags.items():
         argv += [f"--{key}"] if value is True else [f"--{key}", str(value)]
     began = time.perf_counter()
-    train_ppo(parse_config("ppo", RL_GROUPS, argv))
+    train_ppo(parse_config("ppo", None, argv))
     total = time.perf_counter() - began
     rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "time/step" in r]

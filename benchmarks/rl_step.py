@@ -30,14 +30,13 @@ STAGES = ("generation", "reward", "log_probs", "training", "weight_sync", "step"
 def rlhfkit_steps(steps: int, run_dir: Path) -> list[dict]:
     from rlhfkit.cli.demo import build_parser, demo_argv
     from rlhfkit.config.parse import parse_config
-    from rlhfkit.config.rl_options import RL_GROUPS
     from rlhfkit.rl.ppo_trainer import train_ppo
 
     args = build_parser().parse_args(["--steps", str(steps), "--eval_prompts", "8"])
     argv = [a for a in demo_argv(args, run_dir) if a]
     cut = argv.index("--eval_dataset")
     argv = argv[:cut] + argv[cut + 2:]  # no eval: time the training steps only
-    train_ppo(parse_config("ppo", RL_GROUPS, argv))
+    train_ppo(parse_config("ppo", None, argv))
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 

@@ -47,11 +47,10 @@ def time_actor(engines: list[Any], path: str, bucket_mb: int, repeats: int) -> d
     import time
 
     from rlhfkit.config.parse import config_to_dict, parse_config
-    from rlhfkit.config.rl_options import RL_GROUPS
     from rlhfkit.rl.group import ModelGroup, make_placement_group
     from rlhfkit.rl.weight_push import push_actor_weights
 
-    cfg = parse_config("ppo", RL_GROUPS, ["--pretrain", path, "--prompt_data", "unused", "--remote_rm_url", "x"])
+    cfg = parse_config("ppo", None, ["--pretrain", path, "--prompt_data", "unused", "--remote_rm_url", "x"])
     actor = ModelGroup("actor", config_to_dict(cfg), make_placement_group(1, 1, 0.25), 1)
     actor.call("init_model", path, False)
     seconds: dict[str, list[float]] = {}

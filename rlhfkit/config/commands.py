@@ -1,16 +1,21 @@
 """One static, typed configuration class per command (#12): what `parse_config` returns.
 
-Each class inherits the command's option groups (`rlhfkit.config.*_options`) in the order the command lists them,
-so a flag declared in several groups takes its type, default and help from the FIRST group that declares it (a
-command's own group first: `RMOptions.learning_rate` 9e-6 over `TrainOptions.learning_rate` 5e-6), exactly as the
-parser (`rlhfkit.config.parse.build_parser`, the same `GROUPS`) and the generated docs do.
-`tests/config/test_commands.py` checks every class against that rule, field by field.
+Each class inherits the command's option groups (`rlhfkit.config.*_options`; its `GROUPS`, in --help order). Every
+flag is declared in exactly ONE group, with one type, one default and one help: where commands share flags they share
+a small group (the vLLM engines and sampling of ppo and batch-inference, the reward sources of ppo, batch-inference
+and serve-rm, the preference keys of rm and dpo, the reference model of dpo, kto and ppo, ...). A command whose
+default differs is named in ONE table, `COMMAND_DEFAULTS` (rm: --learning_rate 9e-6 where the group says 5e-6);
+a command for which the flag means something else has its own help in the field's `command_help` (and narrower
+choices in `command_choices`). `command_class` applies both when the class is created, so the class's fields are
+what the command takes, and the parser (`rlhfkit.config.parse.build_parser`) and the generated docs read them.
+`tests/config/test_commands.py` checks that no flag is declared twice and every class against its groups and the
+table, field by field.
 
 Because a command's class IS an instance of each of its groups, a consumer can ask for only the group it reads
 (`def f(cfg: TrainOptions)` accepts `SFTConfig` and `PPOConfig`), and mypy follows every `cfg.flag` read:
 
 - `TrainingConfig`: what every training command shares (model, engine, checkpoints, logging): the engine's helpers.
-- `OfflineConfig`: `TrainingConfig` + `DataOptions`: the shared loop of sft, rm, dpo, kto, kd and prm.
+- `OfflineConfig`: `TrainingConfig` + the data groups: the shared loop of sft, rm, dpo, kto, kd and prm.
 - one class per command: `SFTConfig`, `RMConfig`, `DPOConfig`, `KTOConfig`, `KDConfig`, `PRMConfig`, `PPOConfig`,
   `BatchInferenceConfig`, `ServeRMConfig`; `CONFIG_CLASSES` maps the command name to it.
 
@@ -22,21 +27,41 @@ parsed from) and `precision` (set by `rlhfkit.engine.precision.apply_precision`)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Protocol
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any, ClassVar, Protocol, TypeVar, get_type_hints
 
-from rlhfkit.config.inference_options import InferenceDataOptions, InferenceModelOptions, InferenceOptions
-from rlhfkit.config.method_options import DPOOptions, KDOptions, KTOOptions, PRMOptions, RMOptions
+from rlhfkit.config.engine_options import RayOptions, SamplingOptions, VLLMEngineOptions
+from rlhfkit.config.inference_options import InferenceOptions
+from rlhfkit.config.method_options import (
+    DPOOptions,
+    KDOptions,
+    KTOOptions,
+    PreferenceKeyOptions,
+    PRMOptions,
+    ReferenceLogpOptions,
+    RefPretrainOptions,
+    RMOptions,
+)
 from rlhfkit.config.optim_options import RoleOptimOptions
 from rlhfkit.config.options import (
+    AttentionOptions,
     CheckpointOptions,
     DataOptions,
+    EvalDataOptions,
+    InputOptions,
+    LabelKeyOptions,
     LoggingOptions,
+    MaxLenOptions,
+    ModelLoadOptions,
     ModelOptions,
+    PretrainModeOptions,
+    PretrainOptions,
     RemoteRewardOptions,
+    SeedOptions,
     SFTOptions,
     TrainOptions,
 )
+from rlhfkit.config.reward_options import RewardCombineOptions, RewardSourceOptions, ValueHeadOptions
 from rlhfkit.config.rl_options import (
     PlacementOptions,
     PromptDataOptions,
@@ -46,6 +71,24 @@ from rlhfkit.config.rl_options import (
     VisionOptions,
 )
 from rlhfkit.config.serve_options import ServeRMOptions
+
+_TEMPLATE = "User: {}\nAssistant: "
+
+# Each command's defaults that differ from the one declaration of the flag (its option group's default); nothing
+# else sets a per-command default. `command_class` applies the table when the command's class is created, and
+# tests/config/test_commands.py checks that every entry names a flag of the command, with a value of its type,
+# different from the group's default.
+COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {
+    "sft": {"max_epochs": 2, "input_template": _TEMPLATE},
+    "rm": {"learning_rate": 9e-6, "micro_train_batch_size": 1, "max_len": 512},
+    "dpo": {"learning_rate": 1e-5, "max_len": 512},
+    "kto": {"learning_rate": 1e-5, "beta": 0.01, "label_key": "label", "input_template": _TEMPLATE},
+    "kd": {"output_key": "output", "input_template": _TEMPLATE},
+    "prm": {"learning_rate": 1e-6, "micro_train_batch_size": 1, "label_key": "label"},
+    "ppo": {"micro_train_batch_size": 4, "max_samples": 100_000_000},
+    "batch-inference": {"seed": 1234, "max_samples": 100_000_000, "output_key": "output", "rollout_batch_size": 2048},
+    "serve-rm": {"param_dtype": "fp32"},
+}
 
 
 class PrecisionRecord(Protocol):
@@ -71,83 +114,147 @@ class CommandConfig:
 
     @classmethod
     def flag_names(cls) -> list[str]:
-        """Every flag of the command, in --help order (group by group, first declaration wins)."""
-        names: dict[str, None] = {}
-        for group in cls.GROUPS:
-            names.update(dict.fromkeys(f.name for f in fields(group)))
-        return list(names)
+        """Every flag of the command, in --help order (group by group; each flag is declared in one group)."""
+        return [f.name for group in cls.GROUPS for f in fields(group)]
 
 
-_COMMON_TRAIN = (ModelOptions, DataOptions, TrainOptions, CheckpointOptions, LoggingOptions)
+_C = TypeVar("_C", bound=type)
+
+
+def command_field(command: str, f: Field, default: Any = MISSING) -> Field:
+    """`f` (a group's field) as `command` has it: `default` (COMMAND_DEFAULTS; MISSING: the group's), the field's
+    `command_help` / `command_choices` entry for the command as its help / choices, the rest of its metadata."""
+    metadata = dict(f.metadata)
+    metadata["help"] = metadata.get("command_help", {}).get(command, metadata.get("help", ""))
+    if command in metadata.get("command_choices", {}):
+        metadata["choices"] = metadata["command_choices"][command]
+    if default is MISSING:
+        if f.default_factory is not MISSING:
+            return field(default_factory=f.default_factory, metadata=metadata)  # type: ignore[arg-type]
+        return field(default=f.default, metadata=metadata)
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)  # type: ignore[arg-type,return-value]
+    return field(default=default, metadata=metadata)
+
+
+def _is_own(command: str, f: Field) -> bool:
+    return any(command in f.metadata.get(key, {}) for key in ("command_help", "command_choices"))
+
+
+def command_class(cls: _C) -> _C:
+    """Class decorator (under @dataclass) of a command's config class: re-declares, with the group's type, each
+    field whose default COMMAND_DEFAULTS[cls.command] sets or whose help / choices the field gives per command.
+    The field keeps its place (dataclasses keep a base's field order); mypy sees the group's declaration."""
+    command: str = cls.command  # type: ignore[attr-defined]
+    defaults = COMMAND_DEFAULTS.get(command, {})
+    annotations = cls.__dict__.get("__annotations__", {})
+    cls.__annotations__ = annotations
+    done: set[str] = set()
+    for group in cls.GROUPS:  # type: ignore[attr-defined]
+        hints = get_type_hints(group)
+        for f in fields(group):
+            if f.name in defaults or _is_own(command, f):
+                annotations[f.name] = hints[f.name]
+                setattr(cls, f.name, command_field(command, f, defaults.get(f.name, MISSING)))
+                done.add(f.name)
+    if set(defaults) - done:
+        raise TypeError(f"COMMAND_DEFAULTS[{command!r}] names flags {sorted(set(defaults) - done)} that "
+                        f"'rlhfkit {command}' does not have")
+    return cls
+
+
+_TRAIN_HEAD = (PretrainOptions, SeedOptions, ModelLoadOptions, AttentionOptions, ModelOptions)
+_TRAIN_TAIL = (TrainOptions, CheckpointOptions, LoggingOptions)
+_OFFLINE = (*_TRAIN_HEAD, DataOptions, InputOptions, MaxLenOptions, EvalDataOptions, *_TRAIN_TAIL)
 
 
 @dataclass
-class TrainingConfig(ModelOptions, TrainOptions, CheckpointOptions, LoggingOptions, CommandConfig):
+class TrainingConfig(PretrainOptions, SeedOptions, ModelLoadOptions, AttentionOptions, ModelOptions, EvalDataOptions,
+                     TrainOptions, CheckpointOptions, LoggingOptions, CommandConfig):
     """The groups every training command (sft, rm, dpo, kto, kd, prm, ppo) has."""
 
 
 @dataclass
-class OfflineConfig(DataOptions, TrainingConfig):
+class OfflineConfig(DataOptions, InputOptions, MaxLenOptions, TrainingConfig):
     """The groups of the offline training commands (sft, rm, dpo, kto, kd, prm): the shared loop reads these."""
 
 
 @dataclass
-class SFTConfig(SFTOptions, OfflineConfig):
+@command_class
+class SFTConfig(SFTOptions, PretrainModeOptions, OfflineConfig):
     command: ClassVar[str] = "sft"
-    GROUPS: ClassVar[tuple[type, ...]] = (SFTOptions, *_COMMON_TRAIN)
+    GROUPS: ClassVar[tuple[type, ...]] = (SFTOptions, PretrainModeOptions, *_OFFLINE)
 
 
 @dataclass
-class RMConfig(RMOptions, OfflineConfig):
+@command_class
+class RMConfig(RMOptions, PreferenceKeyOptions, ValueHeadOptions, OfflineConfig):
     command: ClassVar[str] = "rm"
-    GROUPS: ClassVar[tuple[type, ...]] = (RMOptions, *_COMMON_TRAIN)
+    GROUPS: ClassVar[tuple[type, ...]] = (RMOptions, PreferenceKeyOptions, ValueHeadOptions, *_OFFLINE)
 
 
 @dataclass
-class DPOConfig(DPOOptions, OfflineConfig):
+@command_class
+class DPOConfig(DPOOptions, ReferenceLogpOptions, RefPretrainOptions, PreferenceKeyOptions, OfflineConfig):
     command: ClassVar[str] = "dpo"
-    GROUPS: ClassVar[tuple[type, ...]] = (DPOOptions, *_COMMON_TRAIN)
+    GROUPS: ClassVar[tuple[type, ...]] = (DPOOptions, ReferenceLogpOptions, RefPretrainOptions, PreferenceKeyOptions,
+                                          *_OFFLINE)
 
 
 @dataclass
-class KTOConfig(KTOOptions, OfflineConfig):
+@command_class
+class KTOConfig(KTOOptions, ReferenceLogpOptions, RefPretrainOptions, LabelKeyOptions, OfflineConfig):
     command: ClassVar[str] = "kto"
-    GROUPS: ClassVar[tuple[type, ...]] = (KTOOptions, *_COMMON_TRAIN)
+    GROUPS: ClassVar[tuple[type, ...]] = (KTOOptions, ReferenceLogpOptions, RefPretrainOptions, LabelKeyOptions,
+                                          *_OFFLINE)
 
 
 @dataclass
-class KDConfig(KDOptions, OfflineConfig):
+@command_class
+class KDConfig(KDOptions, PretrainModeOptions, OfflineConfig):
     command: ClassVar[str] = "kd"
-    GROUPS: ClassVar[tuple[type, ...]] = (KDOptions, *_COMMON_TRAIN)
+    GROUPS: ClassVar[tuple[type, ...]] = (KDOptions, PretrainModeOptions, *_OFFLINE)
 
 
 @dataclass
-class PRMConfig(PRMOptions, OfflineConfig):
+@command_class
+class PRMConfig(PRMOptions, LabelKeyOptions, OfflineConfig):
     command: ClassVar[str] = "prm"
-    GROUPS: ClassVar[tuple[type, ...]] = (PRMOptions, *_COMMON_TRAIN)
+    GROUPS: ClassVar[tuple[type, ...]] = (PRMOptions, LabelKeyOptions, *_OFFLINE)
 
 
 @dataclass
-class PPOConfig(PlacementOptions, RolloutOptions, RLAlgorithmOptions, RewardOptions, RemoteRewardOptions,
-                PromptDataOptions, VisionOptions, RoleOptimOptions, TrainingConfig):
+@command_class
+class PPOConfig(PlacementOptions, RayOptions, RolloutOptions, VLLMEngineOptions, SamplingOptions, RLAlgorithmOptions,
+                RewardOptions, RewardSourceOptions, RewardCombineOptions, ValueHeadOptions, RefPretrainOptions,
+                RemoteRewardOptions, PromptDataOptions, InputOptions, LabelKeyOptions, VisionOptions,
+                RoleOptimOptions, TrainingConfig):
     command: ClassVar[str] = "ppo"
     GROUPS: ClassVar[tuple[type, ...]] = (
-        PlacementOptions, RolloutOptions, RLAlgorithmOptions, RewardOptions, RemoteRewardOptions, PromptDataOptions,
-        VisionOptions, ModelOptions, TrainOptions, RoleOptimOptions, CheckpointOptions, LoggingOptions)
+        PlacementOptions, RayOptions, RolloutOptions, VLLMEngineOptions, SamplingOptions, RLAlgorithmOptions,
+        RewardOptions, RewardSourceOptions, RewardCombineOptions, ValueHeadOptions, RefPretrainOptions,
+        RemoteRewardOptions, PromptDataOptions, InputOptions, LabelKeyOptions, EvalDataOptions, VisionOptions,
+        *_TRAIN_HEAD, TrainOptions, RoleOptimOptions, CheckpointOptions, LoggingOptions)
 
 
 @dataclass
-class BatchInferenceConfig(InferenceModelOptions, InferenceDataOptions, InferenceOptions, RemoteRewardOptions,
-                           CommandConfig):
+@command_class
+class BatchInferenceConfig(PretrainOptions, SeedOptions, ModelLoadOptions, DataOptions, InputOptions,
+                           LabelKeyOptions, MaxLenOptions, InferenceOptions, SamplingOptions, RewardSourceOptions,
+                           VLLMEngineOptions, RayOptions, RemoteRewardOptions, CommandConfig):
     command: ClassVar[str] = "batch-inference"
-    GROUPS: ClassVar[tuple[type, ...]] = (InferenceModelOptions, InferenceDataOptions, InferenceOptions,
-                                          RemoteRewardOptions)
+    GROUPS: ClassVar[tuple[type, ...]] = (
+        PretrainOptions, SeedOptions, ModelLoadOptions, DataOptions, InputOptions, LabelKeyOptions, MaxLenOptions,
+        InferenceOptions, SamplingOptions, RewardSourceOptions, VLLMEngineOptions, RayOptions, RemoteRewardOptions)
 
 
 @dataclass
-class ServeRMConfig(ServeRMOptions, CommandConfig):
+@command_class
+class ServeRMConfig(ServeRMOptions, RewardSourceOptions, RewardCombineOptions, ModelLoadOptions, AttentionOptions,
+                    MaxLenOptions, ValueHeadOptions, CommandConfig):
     command: ClassVar[str] = "serve-rm"
-    GROUPS: ClassVar[tuple[type, ...]] = (ServeRMOptions,)
+    GROUPS: ClassVar[tuple[type, ...]] = (ServeRMOptions, RewardSourceOptions, RewardCombineOptions, ModelLoadOptions,
+                                          AttentionOptions, MaxLenOptions, ValueHeadOptions)
 
 
 CONFIG_CLASSES: dict[str, type[CommandConfig]] = {

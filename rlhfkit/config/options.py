@@ -9,27 +9,72 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-def opt(default, help: str, **extra):  # noqa: A002 - mirrors argparse
-    """A dataclass field carrying its help text (and optional choices) for the CLI and the docs."""
+def opt(default, help: str, *, command_help: dict[str, str] | None = None, **extra):  # noqa: A002 - argparse's
+    """A dataclass field carrying its help text (and optional choices, aliases) for the CLI and the docs.
+
+    `command_help`: command -> its own help text, where the flag means something different there (e.g. --max_len
+    of rm counts the tokens of one side of a pair); `command_choices` likewise narrows `choices` for a command. The
+    command's class (rlhfkit.config.commands) resolves both, with its default (COMMAND_DEFAULTS).
+    """
+    metadata = {"help": help, **extra}
+    if command_help:
+        metadata["command_help"] = dict(command_help)
     if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help, **extra})
-    return field(default=default, metadata={"help": help, **extra})
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class ModelLoadOptions:
+    """Model loading"""
+
+    param_dtype: str = opt("auto", "compute dtype (fp32 master weights): auto = bf16 mixed precision where the "
+                                   "hardware computes bf16 natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), "
+                                   "fp32 elsewhere; the choice and why are in the manifest (docs/engine.md)",
+                           choices=["auto", "bf16", "fp16", "fp32"],
+                           command_help={"batch-inference": "engine dtype: auto = bf16 where the hardware computes it "
+                                                            "natively (CUDA with bf16, AVX512-BF16/AMX CPUs), fp32 "
+                                                            "elsewhere",
+                                         "serve-rm": "the reward model's dtype (OpenRLHF default: bf16)"},
+                           command_choices={"serve-rm": ["bf16", "fp16", "fp32"]})
+    disable_fast_tokenizer: bool = opt(False, "use the slow (Python) tokenizer")
+
+
+@dataclass
+class AttentionOptions:
+    """Attention"""
+
+    attn_implementation: str = opt("sdpa", "attention kernel (OpenRLHF default flash_attention_2; sdpa runs on CPU)")
+
+
+@dataclass
+class PretrainOptions:
+    """Model"""
+
+    pretrain: str | None = opt(None, "model to train: local HF folder, hub name, .gguf file or "
+                                     "embedded:smollm2-135m-instruct",
+                               command_help={"batch-inference": "policy to sample from (generate tasks) or reward "
+                                                                "model (--eval_task rm without --remote_rm_url / "
+                                                                "--reward_pretrain): HF folder, hub name, .gguf or "
+                                                                "embedded:..."})
+
+
+
+@dataclass
+class SeedOptions:
+    """Seed"""
+
+    seed: int = opt(42, "random seed (data order, init, sampling)",
+                    command_help={"batch-inference": "sampling seed (sample j of prompt i uses seed + i * best_of_n "
+                                                     "+ j)"})
 
 
 @dataclass
 class ModelOptions:
-    """Model"""
+    """Model (training)"""
 
-    pretrain: str | None = opt(None, "model to train: local HF folder, hub name, .gguf file or "
-                                     "embedded:smollm2-135m-instruct")
-    attn_implementation: str = opt("sdpa", "attention kernel (OpenRLHF default flash_attention_2; sdpa runs on CPU)")
-    param_dtype: str = opt("auto", "compute dtype (fp32 master weights): auto = bf16 mixed precision where the "
-                                   "hardware computes bf16 natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), "
-                                   "fp32 elsewhere; the choice and why are in the manifest (docs/engine.md)",
-                           choices=["auto", "bf16", "fp16", "fp32"])
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
     gradient_checkpointing_use_reentrant: bool = opt(False, "use the reentrant checkpointing implementation")
-    disable_fast_tokenizer: bool = opt(False, "use the slow (Python) tokenizer")
     lora_rank: int = opt(0, "LoRA rank; 0 trains all weights")
     lora_alpha: int = opt(16, "LoRA alpha")
     lora_dropout: float = opt(0.0, "LoRA dropout")
@@ -41,32 +86,84 @@ class ModelOptions:
 
 
 @dataclass
+class InputOptions:
+    """Input rows"""
+
+    max_samples: int = opt(1_000_000, "use at most this many rows (training samples, prompts)")
+    input_key: str = opt("input", "key of the prompt (string or list of chat messages)")
+    input_template: str | None = opt(None, "template with one {} for the prompt, e.g. 'User: {}\\nAssistant: ' "
+                                           "(ignored with --apply_chat_template)",
+                                     command_help={"prm": "template with one {} for the input text"})
+    apply_chat_template: bool = opt(False, "format prompts with the tokenizer's chat template")
+    tokenizer_chat_template: str | None = opt(None, "override the tokenizer's chat template (Jinja string)")
+
+
+@dataclass
+class MaxLenOptions:
+    """Sequence length"""
+
+    max_len: int = opt(2048, "maximum tokens per sample (over-long samples: see docs/data.md)",
+                       command_help={"rm": "maximum tokens per side of a pair",
+                                     "dpo": "maximum tokens per side of a pair",
+                                     "batch-inference": "reward models: most tokens of prompt + response scored "
+                                                        "(longer: left-truncated, counted)",
+                                     "serve-rm": "keep the last max_len tokens of each query"})
+
+
+@dataclass
 class DataOptions:
     """Data"""
 
     dataset: str | None = opt(None, "training data: comma-separated files (json/jsonl/parquet/csv), "
-                                    "save_to_disk folders or hub names")
+                                    "save_to_disk folders or hub names",
+                              command_help={"batch-inference": "prompts (generate) or input/output rows (rm): "
+                                                               "json/jsonl/parquet/csv files, folders or hub names, "
+                                                               "comma-separated"})
     dataset_probs: str | None = opt(None, "comma-separated mixing probabilities, one per --dataset entry")
     dataset_split: str = opt("train", "split to read from folders/hub datasets")
-    eval_dataset: str | None = opt(None, "held-out data, same formats as --dataset")
+    output_key: str | None = opt(None, "key of the response",
+                                 command_help={"batch-inference": "key of the response (--eval_task rm)"})
+
+
+@dataclass
+class EvalDataOptions:
+    """Evaluation data"""
+
+    eval_dataset: str | None = opt(None, "held-out data, same formats as --dataset",
+                                   command_help={"ppo": "held-out prompts (pass@k)"})
     eval_split: str = opt("train", "split of --eval_dataset")
-    max_samples: int = opt(1_000_000, "use at most this many training samples")
-    input_key: str = opt("input", "key of the prompt (string or list of chat messages)")
-    output_key: str | None = opt(None, "key of the response")
-    input_template: str | None = opt(None, "template with one {} for the prompt, e.g. 'User: {}\\nAssistant: '")
-    apply_chat_template: bool = opt(False, "format with the tokenizer's chat template")
-    tokenizer_chat_template: str | None = opt(None, "override the tokenizer's chat template (Jinja string)")
-    max_len: int = opt(2048, "maximum tokens per sample (over-long samples: see docs/data.md)")
-    packing_samples: bool = opt(False, "pack several samples per row (per-sample position ids and attention)")
 
 
+@dataclass
+class LabelKeyOptions:
+    """Labels"""
+
+    label_key: str | None = opt(None, "key of the row's label",
+                                command_help={
+                                    "kto": "key of the boolean label (true: desirable)",
+                                    "prm": "key of the per-step labels: a list with one entry per placeholder, each "
+                                           "a reward token string (hard), a bool (true = the first reward token) or "
+                                           "a probability that the step is good (soft)",
+                                    "ppo": "key of the label passed to the reward function",
+                                    "batch-inference": "key of a label, passed to reward functions and copied to "
+                                                       "the output rows"})
+
+
+@dataclass
+class PretrainModeOptions:
+    """Pretraining mode"""
+
+    pretrain_mode: bool = opt(False, "loss on all tokens (continued pretraining)")
 @dataclass
 class TrainOptions:
     """Training engine (FSDP2)"""
 
     train_batch_size: int = opt(128, "global batch size (samples per optimizer step, all ranks)")
-    micro_train_batch_size: int = opt(8, "samples per forward/backward per rank; accumulation is derived")
-    max_epochs: int = opt(1, "passes over the training data")
+    micro_train_batch_size: int = opt(8, "samples per forward/backward per rank; accumulation is derived",
+                                      command_help={"rm": "pairs per forward/backward per rank (each pair is 2 "
+                                                          "sequences)"})
+    max_epochs: int = opt(1, "passes over the training data",
+                          command_help={"ppo": "PPO epochs over each rollout buffer"})
     learning_rate: float = opt(5e-6, "peak learning rate")
     lr_warmup_ratio: float = opt(0.03, "fraction of steps of linear warmup")
     lr_scheduler: str = opt("cosine_with_min_lr", "schedule after warmup",
@@ -87,9 +184,15 @@ class TrainOptions:
                              "reshard_after_forward=False); 3: reshard after forward", choices=[2, 3])
     adam_offload: bool = opt(False, "FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer state on CPU "
                                     "(CUDA only; on CPU everything already lives in host memory)")
-    seed: int = opt(42, "random seed (data order, init, sampling)")
     full_determinism: bool = opt(False, "torch.use_deterministic_algorithms(True)")
-    eval_steps: int = opt(-1, "evaluate every N steps (-1: at the end of each epoch)")
+    eval_steps: int = opt(-1, "evaluate every N steps (-1: at the end of each epoch)",
+                          command_help={"ppo": "evaluate every N steps (-1: at the start and the end)"})
+    packing_samples: bool = opt(False, "pack several samples per row (per-sample position ids and attention)",
+                                command_help={"ppo": "each micro-batch is one packed row with no padding, and a "
+                                                     "prompt shared by several samples (--n_samples_per_prompt) is "
+                                                     "computed once for all of them (block mask: a response sees its "
+                                                     "prompt and itself); same log-probs and gradients as padded "
+                                                     "rows, fewer tokens through the model (docs/rl.md)"})
     ring_attn_size: int = opt(1, "context parallel: split every sequence across this many ranks (a ring group; "
                                  "world = data parallel x ring size); all-gather (llama3) attention in pure torch, "
                                  "padded or packed; sft, rm, dpo, kto, kd, and ppo's actor, reference and critic "
@@ -141,12 +244,7 @@ class LoggingOptions:
 class SFTOptions:
     """SFT"""
 
-    learning_rate: float = opt(5e-6, "peak learning rate")
-    max_epochs: int = opt(2, "passes over the training data")
-    input_template: str | None = opt("User: {}\nAssistant: ", "template with one {} for the prompt "
-                                                               "(ignored with --apply_chat_template)")
     multiturn: bool = opt(False, "loss on every assistant turn of a message list")
-    pretrain_mode: bool = opt(False, "loss on all tokens (continued pretraining)")
     csft_keys: list[str] | None = opt(None, "conditional SFT: row keys of attribute values (e.g. rm_score) put before "
                                             "the prompt as '<rm_score>: 5.00' lines (a system message with "
                                             "--apply_chat_template); see docs/methods.md")
@@ -165,5 +263,3 @@ class RemoteRewardOptions:
                                             "--auth_token); default: the RLHFKIT_RM_TOKEN environment variable, "
                                             "which keeps it out of the process list")
 
-
-COMMON_TRAIN_GROUPS: list[type] = [ModelOptions, DataOptions, TrainOptions, CheckpointOptions, LoggingOptions]

@@ -139,20 +139,25 @@ def _resolve_hints(groups: list[type]) -> dict[str, Any]:
 
 
 def build_parser(command: str, groups: list[type], description: str = "") -> argparse.ArgumentParser:
-    """One parser from the option groups; each group is an argparse argument group named after its docstring."""
+    """One parser from the option groups; each group is an argparse argument group named after its docstring. A flag
+    takes the command's default, help and choices from the command's class (rlhfkit.config.commands, which applies
+    COMMAND_DEFAULTS and the fields' `command_help`), its type from its group."""
     parser = argparse.ArgumentParser(allow_abbrev=False, prog=f"rlhfkit {command}", description=description,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--config", type=str, default=None, help="YAML file of flag: value pairs (CLI flags win)")
     seen: set[str] = set()
     hints = _resolve_hints(groups)
+    cls = CONFIG_CLASSES.get(command)
+    own = {f.name: f for f in dataclasses.fields(cls)} if cls is not None else {}  # type: ignore[arg-type]
     for group in groups:
         title = (group.__doc__ or group.__name__).strip().splitlines()[0]
         arg_group = parser.add_argument_group(title)
         for f in dataclasses.fields(group):
             if f.name in seen:
-                continue
+                raise TypeError(f"--{f.name} is declared in two option groups of 'rlhfkit {command}': declare each "
+                                "flag once (per-command defaults: rlhfkit.config.commands.COMMAND_DEFAULTS)")
             seen.add(f.name)
-            _add_field(arg_group, f, hints[f.name])
+            _add_field(arg_group, own.get(f.name, f), hints[f.name])  # the command's default, help and choices
     return parser
 
 

@@ -1,28 +1,21 @@
-"""Option groups of the online RL command (`rlhfkit ppo`, OpenRLHF's `train_ppo_ray`)."""
+"""Option groups of the online RL command (`rlhfkit ppo`, OpenRLHF's `train_ppo_ray`): the flags only ppo has.
+
+ppo also composes the shared groups: the Ray cluster, vLLM engines and sampling (rlhfkit.config.engine_options,
+with batch-inference), the reward sources (rlhfkit.config.reward_options, with batch-inference and serve-rm), the
+reference model (rlhfkit.config.method_options, with dpo and kto) and the training groups (rlhfkit.config.options).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfkit.config.optim_options import RoleOptimOptions
-from rlhfkit.config.options import (
-    CheckpointOptions,
-    LoggingOptions,
-    ModelOptions,
-    RemoteRewardOptions,
-    TrainOptions,
-    opt,
-)
+from rlhfkit.config.options import opt
 
 
 @dataclass
 class PlacementOptions:
     """Ray placement"""
 
-    ray_address: str | None = opt(None, "join this Ray cluster (default: RAY_ADDRESS, else start a local one)")
-    verbose: bool = opt(False, "show Ray's, vLLM's and the workers' logs live on the console; without it they go to "
-                               "<run_dir>/logs/ (one file per model rank and engine) and the console keeps "
-                               "rlhfkit's own lines")
     actor_num_nodes: int = opt(1, "nodes of the policy (actor) group")
     actor_num_gpus_per_node: int = opt(1, "ranks per node of the actor group (GPUs; CPU bundles without GPUs)")
     ref_num_nodes: int = opt(1, "nodes of the reference group")
@@ -56,11 +49,7 @@ class RolloutOptions:
     """Rollout (vLLM)"""
 
     rollout_backend: str = opt("vllm", "generation backend", choices=["vllm", "hf"])
-    vllm_num_engines: int = opt(1, "rollout engines")
     vllm_tensor_parallel_size: int = opt(1, "tensor parallel size of each engine")
-    vllm_gpu_memory_utilization: float = opt(0.9, "GPU memory fraction for vLLM (on CPU: see "
-                                                  "--vllm_kv_cache_mb)")
-    vllm_kv_cache_mb: int = opt(256, "CPU only: host RAM for each engine's KV cache, in MiB")
     vllm_dtype: str = opt("auto", "engine dtype; auto = the trainer's (--param_dtype, itself auto: bf16 where the "
                                   "hardware computes it natively, fp32 elsewhere). A bf16 engine beside an fp32 "
                                   "trainer: pair it with --enable_vllm_is_correction",
@@ -74,8 +63,6 @@ class RolloutOptions:
                                  choices=["auto", "ray", "gloo", "nccl"])
     vllm_enable_sleep: bool = opt(False, "put the engines to sleep (weights to host RAM, KV cache freed) outside "
                                          "generation; for --colocate_all_models (CUDA only, ignored on CPU)")
-    enforce_eager: bool = opt(False, "disable CUDA graphs in vLLM")
-    enable_prefix_caching: bool = opt(False, "vLLM prefix caching")
     weight_sync_bucket_mb: int = opt(64, "weight sync bucket size in MiB")
     lora_sync: str = opt("merged", "with --lora_rank: what a weight sync sends. merged: the full weights with the "
                                    "adapters merged in; adapter: only the LoRA A/B tensors, the vLLM engines serve "
@@ -87,12 +74,8 @@ class RolloutOptions:
                                                      "mean |engine - trainer| log-prob on a fixed probe sequence "
                                                      "must stay under this, or the run stops naming the engine; "
                                                      "default by dtype: 1e-3 fp32, 5e-2 with bf16/fp16; 0 = off")
-    prompt_max_len: int = opt(1024, "prompts longer than this (tokens) are dropped and counted")
     generate_max_len: int = opt(1024, "maximum new tokens per response")
-    temperature: float = opt(1.0, "sampling temperature (trainer log-probs use the same)")
-    top_p: float = opt(1.0, "nucleus sampling (keep 1.0 for on-policy log-probs)")
     n_samples_per_prompt: int = opt(1, "responses per prompt (a group)")
-    rollout_batch_size: int = opt(1024, "prompts per step")
     micro_rollout_batch_size: int = opt(8, "rows per forward when computing log-probs/values")
     eval_temperature: float = opt(0.6, "sampling temperature for --eval_dataset")
     eval_n_samples_per_prompt: int = opt(4, "samples per eval prompt (pass@k for k up to this)")
@@ -105,9 +88,6 @@ class RLAlgorithmOptions:
     advantage_estimator: str = opt("gae", "advantage estimator", choices=["gae", "reinforce", "reinforce_baseline",
                                                                           "group_norm", "dr_grpo", "rloo"])
     num_episodes: int = opt(1, "passes over the prompt set")
-    max_epochs: int = opt(1, "PPO epochs over each rollout buffer")
-    train_batch_size: int = opt(128, "samples per optimizer step (global)")
-    micro_train_batch_size: int = opt(4, "samples per forward/backward per rank")
     actor_learning_rate: float = opt(1e-6, "policy learning rate")
     critic_learning_rate: float = opt(9e-6, "critic learning rate")
     policy_loss_type: str = opt("ppo", "ppo: one importance ratio per token; gspo (GSPO): one per sequence, "
@@ -140,10 +120,6 @@ class RLAlgorithmOptions:
     vllm_is_correction_type: str = opt("tis", "tis: clamp each token's weight; icepop: zero the tokens outside "
                                               "the range; seq-mask-tis: zero whole sequences whose geometric-mean "
                                               "weight is outside it", choices=["tis", "icepop", "seq-mask-tis"])
-    packing_samples: bool = opt(False, "each micro-batch is one packed row with no padding, and a prompt shared "
-                                       "by several samples (--n_samples_per_prompt) is computed once for all of "
-                                       "them (block mask: a response sees its prompt and itself); same log-probs "
-                                       "and gradients as padded rows, fewer tokens through the model (docs/rl.md)")
     use_dynamic_batch: bool = opt(False, "training micro-batches by token budget instead of row count")
     train_max_tokens_per_gpu: int = opt(16192, "token budget per micro-batch with --use_dynamic_batch")
     rollout_max_tokens_per_gpu: int | None = opt(None, "token budget per forward micro-batch of the log-prob, value "
@@ -184,23 +160,12 @@ class RLAlgorithmOptions:
 class RewardOptions:
     """Rewards"""
 
-    reward_pretrain: str | None = opt(None, "reward model(s), comma-separated")
     agent_func_path: str | None = opt(None, "multi-turn agent environment: a .py file defining class AgentInstance "
                                             "with reset/step, or async def run_agent(base_url, prompt, label) "
                                             "calling an OpenAI-compatible endpoint (docs/agents.md); its rewards "
                                             "replace --remote_rm_url and --reward_pretrain")
     agent_action_max_len: int | None = opt(None, "agents: most tokens one action (turn) may generate; default: "
                                                  "what is left of --generate_max_len, the budget of a whole episode")
-    remote_rm_url: str | None = opt(None, "reward source(s): http(s) URLs, a reward_func .py file, or builtin:NAME")
-    reward_timeout: float = opt(60.0, "seconds a reward function / remote RM may take per batch")
-    reward_error_policy: str = opt("raise", "raise: stop on a failing reward; zero: score it 0 and count it",
-                                   choices=["raise", "zero"])
-    reward_combine: str = opt("mean", "how several rewards (models and --remote_rm_url sources) combine per sample",
-                              choices=["mean", "sum"])
-    reward_weights: str | None = opt(None, "comma-separated weights, one per reward source (--reward_pretrain "
-                                           "models first): r = sum_i w_i r_i, overrides --reward_combine")
-    normalize_reward: bool = opt(False, "reward models: (r - reward_mean) / reward_std with the statistics "
-                                        "'rlhfkit rm' stored in their config.json")
     overlong_buffer_len: float | None = opt(None, "DAPO overlong penalty: responses longer than "
                                                   "--generate_max_len - this lose up to --overlong_penalty_factor, "
                                                   "linearly over these last tokens, before the advantages")
@@ -208,13 +173,9 @@ class RewardOptions:
     stop_properly_penalty_coef: float | None = opt(None, "ProRL: responses cut at the length limit (finish reason "
                                                          "'length') get their reward times this (0..1), or this "
                                                          "fixed reward when < 0")
-    reward_format_pattern: str | None = opt(None, "regex of builtin:format (default <think>..</think><answer>..)")
-    value_head_prefix: str = opt("score", "name of the scalar head of reward models and the critic (rlhfkit's "
-                                          "heads are always 'score')", choices=["score"])
     critic_pretrain: str | None = opt(None, "critic initialisation (default: the first reward model, else "
                                             "--pretrain)")
     save_value_network: bool = opt(False, "also save the critic as an HF folder, <save_path>_critic")
-    ref_pretrain: str | None = opt(None, "reference model (default: --pretrain)")
 
 
 @dataclass
@@ -224,15 +185,6 @@ class PromptDataOptions:
     prompt_data: str | None = opt(None, "prompt datasets, comma-separated")
     prompt_data_probs: str | None = opt(None, "mixing probabilities for --prompt_data")
     prompt_split: str = opt("train", "split of --prompt_data")
-    eval_dataset: str | None = opt(None, "held-out prompts (pass@k)")
-    eval_split: str = opt("train", "split of --eval_dataset")
-    max_samples: int = opt(100_000_000, "use at most this many prompts")
-    input_key: str = opt("input", "key of the prompt")
-    label_key: str | None = opt(None, "key of the label passed to the reward function")
-    input_template: str | None = opt(None, "template with one {} for the prompt")
-    apply_chat_template: bool = opt(False, "format prompts with the tokenizer's chat template")
-    tokenizer_chat_template: str | None = opt(None, "override the tokenizer's chat template")
-    eval_steps: int = opt(-1, "evaluate every N steps (-1: at the start and the end)")
     pretrain_data: str | None = opt(None, "SFT / pretraining data for the auxiliary loss (--ptx_coef), "
                                           "comma-separated")
     pretrain_data_probs: str | None = opt(None, "mixing probabilities for --pretrain_data")
@@ -253,8 +205,3 @@ class VisionOptions:
     freeze_vision_tower: bool = opt(True, "a vision-language actor's vision encoder does not train and is not sent "
                                           "at weight sync (the engines keep theirs); --no-freeze_vision_tower "
                                           "trains and syncs it too")
-
-
-RL_GROUPS: list[type] = [PlacementOptions, RolloutOptions, RLAlgorithmOptions, RewardOptions, RemoteRewardOptions,
-                         PromptDataOptions, VisionOptions, ModelOptions, TrainOptions, RoleOptimOptions,
-                         CheckpointOptions, LoggingOptions]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from rlhfkit.config.commands import CommandConfig, OfflineConfig
+from rlhfkit.config.commands import CommandConfig, OfflineConfig, SFTConfig
 from rlhfkit.config.optim_options import validate_optim
-from rlhfkit.config.options import SFTOptions, TrainOptions
+from rlhfkit.config.options import TrainOptions
 from rlhfkit.errors import ConfigError
 
 T = TypeVar("T")
@@ -49,7 +49,7 @@ def validate_common(cfg: OfflineConfig) -> None:
         n_data, n_probs = len(cfg.dataset.split(",")), len(str(cfg.dataset_probs).split(","))
         if n_data != n_probs:
             raise ConfigError(f"--dataset has {n_data} entries but --dataset_probs has {n_probs}; give one each")
-    if isinstance(cfg, SFTOptions) and cfg.multiturn and cfg.pretrain_mode:  # only sft has --multiturn
+    if isinstance(cfg, SFTConfig) and cfg.multiturn and cfg.pretrain_mode:  # only sft has --multiturn
         raise ConfigError("--multiturn and --pretrain_mode contradict: pretrain_mode trains on all tokens already")
     if cfg.load_checkpoint and cfg.save_steps == -1 and not cfg.ckpt_path:
         raise ConfigError("--load_checkpoint needs --ckpt_path")

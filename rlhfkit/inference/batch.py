@@ -186,7 +186,7 @@ def read_scoring_rows(cfg: BatchInferenceConfig) -> list[dict[str, Any]]:
     for row in blend_datasets(need(cfg.dataset, "--dataset"), cfg.dataset_probs, split=cfg.dataset_split, seed=cfg.seed,
                               max_samples=cfg.max_samples):
         out = {"input": get_field(row, cfg.input_key, "--input_key"),
-               "output": get_field(row, cfg.output_key, "--output_key")}
+               "output": get_field(row, need(cfg.output_key, "--output_key"), "--output_key")}
         if not (isinstance(out["input"], str) and isinstance(out["output"], str)):
             raise row_error(row, f"--eval_task rm scores text: --input_key {cfg.input_key!r} and --output_key "
                                  f"{cfg.output_key!r} must be strings (the prompt as the policy saw it, formatted)")

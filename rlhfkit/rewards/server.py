@@ -27,8 +27,9 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.commands import ServeRMConfig
 from rlhfkit.config.parse import parse_config
-from rlhfkit.config.serve_options import DESCRIPTION, ServeRMOptions
+from rlhfkit.config.serve_options import DESCRIPTION
 from rlhfkit.errors import ConfigError, RewardError
 from rlhfkit.rewards.base import RewardSource, check_batch
 from rlhfkit.rewards.remote import ENDPOINT, TOKEN_ENV
@@ -146,11 +147,11 @@ def parse_request(body: bytes) -> tuple[list[str], list[str], list[Any]]:
 def build_server(argv: list[str] | None = None) -> RewardServer:
     """Parse the flags of ``rlhfkit serve-rm`` (the shared `parse_config` path: OpenRLHF's dotted names, --config,
     refusals), load the reward source and bind the server (not yet serving)."""
-    opts = parse_config("serve-rm", None, argv, DESCRIPTION)  # a ServeRMConfig, itself a ServeRMOptions
+    opts = parse_config("serve-rm", None, argv, DESCRIPTION)  # a ServeRMConfig
     return server_from_options(opts)
 
 
-def server_from_options(opts: ServeRMOptions) -> RewardServer:
+def server_from_options(opts: ServeRMConfig) -> RewardServer:
     """Load the reward source ``opts`` name and bind the server; ConfigError when there is no source."""
     specs = [s for s in (opts.reward_pretrain, opts.remote_rm_url) if s]
     if not specs:

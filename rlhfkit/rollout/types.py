@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
-    from rlhfkit.config.inference_options import InferenceOptions
-    from rlhfkit.config.rl_options import RolloutOptions
+    from rlhfkit.config.commands import BatchInferenceConfig, PPOConfig
 
 FinishReason = Literal["stop", "length"]
 NamedTensors = list[tuple[str, torch.Tensor]]
@@ -81,7 +80,7 @@ class SamplingConfig:
         return dataclasses.replace(self, seed=self.seed + prompt_offset * self.n)
 
     @classmethod
-    def from_options(cls, opts: RolloutOptions | InferenceOptions, seed: int | None,
+    def from_options(cls, opts: PPOConfig | BatchInferenceConfig, seed: int | None,
                      stop_token_ids: Sequence[int] = ()) -> SamplingConfig:
         """Build from the sampling flags of either command: ppo's rollout group (`--temperature --top_p
         --generate_max_len --n_samples_per_prompt`) or batch-inference's (`--temperature`, 0 with

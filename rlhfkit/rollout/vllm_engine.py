@@ -24,8 +24,7 @@ if TYPE_CHECKING:
     from vllm import RequestOutput
     from vllm.lora.request import LoRARequest
 
-    from rlhfkit.config.inference_options import InferenceOptions
-    from rlhfkit.config.rl_options import RolloutOptions
+    from rlhfkit.config.commands import BatchInferenceConfig, PPOConfig
 
 WORKER_EXTENSION = "rlhfkit.rollout.worker_ext.WeightReloadExtension"
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
@@ -382,7 +381,7 @@ def create_vllm_engines(
     return engines
 
 
-def engine_options(opts: RolloutOptions | InferenceOptions, *, dtype: str, seed: int) -> dict[str, Any]:
+def engine_options(opts: PPOConfig | BatchInferenceConfig, *, dtype: str, seed: int) -> dict[str, Any]:
     """`create_vllm_engines` keyword arguments from the engine flags, the one builder of `ppo` (its rollout group:
     `--vllm_tensor_parallel_size ... --generate_max_len`) and `batch-inference` (`--tp_size ... --max_new_tokens`):
     `--vllm_gpu_memory_utilization --vllm_kv_cache_mb --enforce_eager --enable_prefix_caching --prompt_max_len`

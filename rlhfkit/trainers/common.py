@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlhfkit.config.commands import OfflineConfig, TrainingConfig
-from rlhfkit.config.options import TrainOptions
+from rlhfkit.config.options import SeedOptions
 from rlhfkit.config.validate import need, require, validate_common
 from rlhfkit.data.collate import model_inputs
 from rlhfkit.data.readers import blend_datasets
@@ -60,7 +60,7 @@ def target_log_probs(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Ten
     return log_probs, batch["loss_mask"][:, 1:].to(log_probs.dtype)
 
 
-def load_split(cfg: TrainOptions, spec: str | None, split: str, probs: str | None = None,
+def load_split(cfg: SeedOptions, spec: str | None, split: str, probs: str | None = None,
                max_samples: int | None = None):
     """Read (and mix) the datasets named by a comma-separated flag value; None when the flag is unset."""
     if not spec:

@@ -64,7 +64,8 @@ def attach_mismatched(samples: list[dict], seed: int, max_len: int) -> None:
 
 def kto_samples(cfg: KTOConfig, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
     samples, stats = build_unpaired_samples(rows, tokenizer, input_key=cfg.input_key, output_key=cfg.output_key,
-                                            label_key=cfg.label_key, input_template=cfg.input_template,
+                                            label_key=need(cfg.label_key, "--label_key"),
+                                            input_template=cfg.input_template,
                                             apply_chat_template=cfg.apply_chat_template, max_len=cfg.max_len)
     attach_mismatched(samples, cfg.seed, cfg.max_len)
     if cfg.ref_mode == "precompute":

@@ -30,7 +30,7 @@ from rlhfkit.trainers.sequence_logps import model_device, to_device
 
 
 def prm_samples(cfg: PRMConfig, tokenizer: Any, rows: Any) -> tuple[list[dict], dict[str, Any]]:
-    return build_process_samples(rows, tokenizer, input_key=cfg.input_key, label_key=cfg.label_key,
+    return build_process_samples(rows, tokenizer, input_key=cfg.input_key, label_key=need(cfg.label_key, "--label_key"),
                                  placeholder_token=need(cfg.placeholder_token, "--placeholder_token"),
                                  reward_tokens=cfg.reward_tokens,
                                  input_template=cfg.input_template, max_len=cfg.max_len)

@@ -23,8 +23,7 @@ import torch
 from torch import nn
 
 from rlhfkit.algorithms.preference import reward_model_loss
-from rlhfkit.config.commands import RMConfig
-from rlhfkit.config.options import ModelOptions
+from rlhfkit.config.commands import RMConfig, TrainingConfig
 from rlhfkit.config.validate import need
 from rlhfkit.data.collate import is_packed, model_inputs
 from rlhfkit.data.errors import row_error
@@ -110,7 +109,7 @@ def validate_rm(cfg: RMConfig) -> None:
                           "head's values are cast before the pairwise loss); drop the flag")
 
 
-def load_reward_model(cfg: ModelOptions, dist_info: DistInfo) -> nn.Module:
+def load_reward_model(cfg: TrainingConfig, dist_info: DistInfo) -> nn.Module:
     """The model with a ``score`` head: a reward-model checkpoint keeps its head, a causal LM gets a fresh one."""
     from rlhfkit.engine.fsdp import compute_dtype
 

@@ -18,8 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlhfkit.algorithms.preference import sequence_log_probs
-from rlhfkit.config.commands import DPOConfig, KTOConfig
-from rlhfkit.config.options import ModelOptions
+from rlhfkit.config.commands import DPOConfig, KTOConfig, TrainingConfig
 from rlhfkit.config.validate import need
 from rlhfkit.data.collate import collate_packed, collate_padded, is_packed
 from rlhfkit.engine.distributed import DistInfo, init_distributed
@@ -76,7 +75,7 @@ def map_sharded(samples: Sequence[Any], micro: int, fn: Callable[[list[Any]], li
     return [results[i] for i in range(len(samples))]
 
 
-def load_frozen_causal_lm(spec: str, cfg: ModelOptions, dist_info: DistInfo, offload: bool = False) -> nn.Module:
+def load_frozen_causal_lm(spec: str, cfg: TrainingConfig, dist_info: DistInfo, offload: bool = False) -> nn.Module:
     """A forward-only causal LM (reference or teacher): no grads, eval mode, FSDP2-sharded like the policy."""
     model = load_causal_lm(spec, attn_implementation=cfg.attn_implementation)
     model.requires_grad_(False)

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhfkit.config.commands import SFTConfig
-from rlhfkit.config.options import DataOptions, ModelOptions
+from rlhfkit.config.commands import SFTConfig, TrainingConfig
+from rlhfkit.config.options import TrainOptions
 from rlhfkit.config.validate import need
 from rlhfkit.data.collate import collate_packed, collate_padded
 from rlhfkit.data.csft import condition_row
@@ -44,7 +44,7 @@ def sft_loss(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dic
     return -(log_probs * mask).sum(), {}
 
 
-def collate_for(cfg: DataOptions, tokenizer: Any) -> Callable[[list[dict]], dict[str, Any]]:
+def collate_for(cfg: TrainOptions, tokenizer: Any) -> Callable[[list[dict]], dict[str, Any]]:
     pad_id = tokenizer.pad_token_id
     if cfg.packing_samples:
         return lambda samples: collate_packed(samples, pad_token_id=pad_id)
@@ -56,7 +56,7 @@ def sft_method(cfg: SFTConfig, tokenizer: Any, dist_info: DistInfo) -> OfflineMe
                          tokens=lambda s: len(s["input_ids"]))
 
 
-def load_policy(cfg: ModelOptions, dist_info: DistInfo) -> nn.Module:
+def load_policy(cfg: TrainingConfig, dist_info: DistInfo) -> nn.Module:
     model = load_causal_lm(need(cfg.pretrain, "--pretrain"), attn_implementation=cfg.attn_implementation,
                            load_in_4bit=cfg.load_in_4bit,
                            compute_dtype=compute_dtype(cfg.param_dtype, dist_info.device))

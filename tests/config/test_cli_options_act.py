@@ -36,10 +36,10 @@ def test_serve_rm_flags_reach_the_reward_source_and_the_server(monkeypatch):
                                       "use_fast_tokenizer": True}
     finally:
         server.server_close()
-    from rlhfkit.config.serve_options import ServeRMOptions
+    from rlhfkit.config.commands import ServeRMConfig
     from rlhfkit.rewards.reward_func import DEFAULT_TIMEOUT
 
-    assert ServeRMOptions().reward_timeout == DEFAULT_TIMEOUT  # the config layer cannot import rewards: one value
+    assert ServeRMConfig().reward_timeout == DEFAULT_TIMEOUT  # the config layer cannot import rewards: one value
     # --value_head_prefix: only the 'score' head exists; anything else is refused
     with pytest.raises(SystemExit):
         server_module.build_server(["--remote_rm_url", "builtin:exact", "--port", "0", "--value_head_prefix", "v"])

@@ -1,48 +1,115 @@
-"""The static per-command config classes (rlhfkit.config.commands, #12) against the rule the parser and the docs
-follow: every field of every group of the command, the FIRST group that declares a name deciding its type, default
-and help. The reference below rebuilds that rule independently (the flat dynamic class parse_config used to make)."""
+"""The static per-command config classes (rlhfkit.config.commands, #12): every flag is declared in exactly one option
+group, and a command's class has exactly its groups' fields, each with the group's type and default unless
+COMMAND_DEFAULTS names the flag for that command (then that value), and the group's help unless the field gives the
+command its own (`command_help`). The parser (build_parser) and the docs read the class, so they follow."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import types
 import typing
+from collections import defaultdict
 
 import pytest
 
 from rlhfkit.cli.docs import module_name
-from rlhfkit.config.commands import CONFIG_CLASSES, OfflineConfig, PPOConfig, SFTConfig, TrainingConfig
+from rlhfkit.config.commands import (
+    COMMAND_DEFAULTS,
+    CONFIG_CLASSES,
+    OfflineConfig,
+    PPOConfig,
+    SFTConfig,
+    TrainingConfig,
+)
 from rlhfkit.config.options import TrainOptions
-from rlhfkit.config.parse import config_to_dict, make_config_class, parse_config
+from rlhfkit.config.parse import build_parser, config_to_dict, make_config_class, parse_config
 
-
-def first_definitions(groups: list[type]) -> dict[str, tuple[typing.Any, dataclasses.Field]]:
-    out: dict[str, tuple[typing.Any, dataclasses.Field]] = {}
-    for group in groups:
-        hints = typing.get_type_hints(group)
-        for f in dataclasses.fields(group):
-            out.setdefault(f.name, (hints[f.name], f))
-    return out
+ALL_GROUPS = sorted({g for cls in CONFIG_CLASSES.values() for g in cls.GROUPS}, key=lambda g: g.__name__)
 
 
 def default_of(f: dataclasses.Field) -> typing.Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
+def test_every_flag_is_declared_in_exactly_one_option_group():
+    declared: dict[str, list[str]] = defaultdict(list)
+    for group in ALL_GROUPS:
+        for f in dataclasses.fields(group):
+            declared[f.name].append(group.__name__)
+    twice = {name: groups for name, groups in declared.items() if len(groups) > 1}
+    assert not twice, f"flags declared in several groups: {twice}"
+    assert all(not dataclasses.is_dataclass(base) for group in ALL_GROUPS for base in group.__mro__[1:])
+
+
 @pytest.mark.parametrize("command", sorted(CONFIG_CLASSES))
-def test_each_command_class_has_exactly_its_groups_fields_first_definition_wins(command):
+def test_each_command_class_has_its_groups_fields_with_the_group_default_unless_the_table_overrides(command):
     cls = CONFIG_CLASSES[command]
     groups = importlib.import_module(module_name(command)).GROUPS
     assert tuple(groups) == cls.GROUPS and make_config_class(command, groups) is cls
-    want = first_definitions(list(groups))
+    overrides = COMMAND_DEFAULTS.get(command, {})
     hints = typing.get_type_hints(cls)
     got = {f.name: f for f in dataclasses.fields(cls)}
-    assert set(got) == set(want)
-    for name, (tp, ref) in want.items():
-        assert hints[name] == tp, name
-        assert default_of(got[name]) == default_of(ref), name
-        assert got[name].metadata == ref.metadata, name
-    assert cls.flag_names() == list(want)  # --help order: config.json and the manifest keep their key order
+    want = [f.name for group in cls.GROUPS for f in dataclasses.fields(group)]
+    assert set(got) == set(want) and len(want) == len(set(want))
+    for group in cls.GROUPS:
+        group_hints = typing.get_type_hints(group)
+        for ref in dataclasses.fields(group):
+            mine = got[ref.name]
+            assert hints[ref.name] == group_hints[ref.name], ref.name
+            assert default_of(mine) == overrides.get(ref.name, default_of(ref)), ref.name
+            help_text = ref.metadata.get("command_help", {}).get(command, ref.metadata["help"])
+            choices = ref.metadata.get("command_choices", {}).get(command, ref.metadata.get("choices"))
+            assert (mine.metadata["help"], mine.metadata.get("choices")) == (help_text, choices), ref.name
+    assert cls.flag_names() == want  # --help order: config.json and the manifest keep their key order
+
+
+@pytest.mark.parametrize("command", sorted(CONFIG_CLASSES))
+def test_the_parser_takes_each_flags_default_help_and_choices_from_the_command_class(command):
+    cls = CONFIG_CLASSES[command]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    actions = {a.dest: a for a in build_parser(command, list(cls.GROUPS))._actions if a.dest in fields}
+    assert set(actions) == set(fields)
+    for name, action in actions.items():
+        assert action.default == default_of(fields[name]) and action.help == fields[name].metadata["help"], name
+        if "choices" in fields[name].metadata:
+            assert action.choices == fields[name].metadata["choices"], name
+
+
+def _is_of_type(value: typing.Any, tp: typing.Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_of_type(value, arg) for arg in typing.get_args(tp))
+    if origin is list:
+        return isinstance(value, list) and all(_is_of_type(v, typing.get_args(tp)[0]) for v in value)
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, tp) and not (tp is int and isinstance(value, bool))
+
+
+def test_command_defaults_names_only_the_commands_flags_with_values_of_their_type_that_differ():
+    assert set(COMMAND_DEFAULTS) <= set(CONFIG_CLASSES)
+    for command, defaults in COMMAND_DEFAULTS.items():
+        cls = CONFIG_CLASSES[command]
+        hints = typing.get_type_hints(cls)
+        groups = {f.name: f for group in cls.GROUPS for f in dataclasses.fields(group)}
+        for name, value in defaults.items():
+            assert name in groups, f"COMMAND_DEFAULTS[{command!r}] names --{name}, not a flag of {command}"
+            assert _is_of_type(value, hints[name]), (command, name, value, hints[name])
+            assert value != default_of(groups[name]), f"{command} --{name}: same as the group's default; drop it"
+            meta = groups[name].metadata
+            if "choices" in meta:
+                assert value in meta.get("command_choices", {}).get(command, meta["choices"]), (command, name)
+
+
+def test_command_help_and_choices_name_only_commands_that_have_the_flag():
+    for group in ALL_GROUPS:
+        for f in dataclasses.fields(group):
+            for key in ("command_help", "command_choices"):
+                for command in f.metadata.get(key, {}):
+                    assert f.name in CONFIG_CLASSES[command].flag_names(), (group.__name__, f.name, key, command)
 
 
 @pytest.mark.parametrize("command", sorted(CONFIG_CLASSES))
@@ -58,6 +125,7 @@ def test_a_command_config_is_each_of_its_groups_and_mismatched_groups_are_refuse
     assert isinstance(sft, SFTConfig) and isinstance(sft, OfflineConfig) and isinstance(sft, TrainOptions)
     assert (sft.learning_rate, sft.max_epochs) == (1e-4, 3)
     assert isinstance(PPOConfig(), TrainingConfig) and not isinstance(PPOConfig(), OfflineConfig)
-    assert PPOConfig().max_epochs == 1 and SFTConfig().max_epochs == 2  # the command's own group first
+    assert PPOConfig().max_epochs == 1 and SFTConfig().max_epochs == 2  # COMMAND_DEFAULTS["sft"]
+    assert TrainOptions().max_epochs == 1  # the group keeps its own default
     with pytest.raises(TypeError, match="differ from SFTConfig.GROUPS"):
         parse_config("sft", [TrainOptions], [])

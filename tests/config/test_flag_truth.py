@@ -9,7 +9,6 @@ import pytest
 
 from rlhfkit.cli.docs import module_name
 from rlhfkit.config.parse import parse_config
-from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.errors import ConfigError
 from rlhfkit.rl.validate import validate_rl
 
@@ -32,5 +31,5 @@ def test_a_prefix_of_a_flag_is_an_unknown_flag(command, argv):
 def test_the_kl_loss_without_a_reference_is_refused():
     with pytest.raises(ConfigError, match=r"--use_kl_loss .* --init_kl_coef is 0\.0 \(no reference model is loaded\): "
                                           r"set --init_kl_coef > 0, or drop --use_kl_loss"):
-        validate_rl(parse_config("ppo", RL_GROUPS, [*PPO, "--use_kl_loss", "--init_kl_coef", "0"]))
-    validate_rl(parse_config("ppo", RL_GROUPS, [*PPO, "--use_kl_loss", "--init_kl_coef", "0.01"]))
+        validate_rl(parse_config("ppo", None, [*PPO, "--use_kl_loss", "--init_kl_coef", "0"]))
+    validate_rl(parse_config("ppo", None, [*PPO, "--use_kl_loss", "--init_kl_coef", "0.01"]))

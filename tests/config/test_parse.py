@@ -1,11 +1,10 @@
 import pytest
 
-from rlhfkit.config.options import COMMON_TRAIN_GROUPS, SFTOptions
 from rlhfkit.config.parse import parse_config
 from rlhfkit.config.validate import validate_batch_sizes, validate_common
 from rlhfkit.errors import ConfigError
 
-GROUPS = [SFTOptions, *COMMON_TRAIN_GROUPS]
+GROUPS = None  # the command's own (SFTConfig.GROUPS)
 
 
 def test_flags_parse_into_a_flat_config_with_openrlhf_names():
@@ -15,7 +14,7 @@ def test_flags_parse_into_a_flat_config_with_openrlhf_names():
     assert cfg.adam_betas == [0.8, 0.9]
     assert cfg.apply_chat_template is True
     assert cfg.micro_train_batch_size == 3
-    assert cfg.max_epochs == 2  # the SFT group's default wins over the generic one
+    assert cfg.max_epochs == 2  # sft's own default (COMMAND_DEFAULTS) over the group's
 
 
 def test_yaml_config_sets_flags_and_the_command_line_wins(tmp_path):

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from rlhfkit.config.parse import parse_config
-from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.engine.checkpoint import load_checkpoint, save_checkpoint
 from rlhfkit.engine.distributed import DistInfo
 from rlhfkit.engine.train_engine import TrainEngine
@@ -91,7 +90,7 @@ def test_the_ema_is_part_of_the_resume_checkpoint(tmp_path):
 def _ppo(*argv: str):
     base = ["--pretrain", "m", "--prompt_data", "p.jsonl", "--remote_rm_url", "builtin:math",
             "--advantage_estimator", "reinforce", "--rollout_batch_size", "4", "--train_batch_size", "4"]
-    return parse_config("ppo", RL_GROUPS, base + list(argv))
+    return parse_config("ppo", None, base + list(argv))
 
 
 @pytest.mark.parametrize("argv, message", [

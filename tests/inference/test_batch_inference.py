@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from letters_reward import reward_func as letters_reward_func
 
-from rlhfkit.config.inference_options import INFERENCE_GROUPS
 from rlhfkit.config.parse import flags_to_argv, parse_config
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
 from rlhfkit.errors import ConfigError
@@ -27,7 +26,7 @@ def prompt_file(tmp_path_factory) -> str:
 def config(model: str, dataset: str, out: Path, **flags):
     base = {"pretrain": model, "dataset": dataset, "output_path": str(out), "input_key": "input",
             "apply_chat_template": True, "max_new_tokens": 8, "prompt_max_len": 128, "best_of_n": 3, "seed": 7}
-    return parse_config("batch-inference", INFERENCE_GROUPS, flags_to_argv({**base, **flags}))
+    return parse_config("batch-inference", None, flags_to_argv({**base, **flags}))
 
 
 def read(path: Path) -> list[dict]:

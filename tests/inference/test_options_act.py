@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import rlhfkit.inference.batch as batch
-from rlhfkit.config.inference_options import INFERENCE_GROUPS
 from rlhfkit.config.parse import flags_to_argv, parse_config
 from rlhfkit.data.synthetic import write_jsonl
 
@@ -17,7 +16,7 @@ TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor 
 
 
 def cfg_of(**flags):
-    return parse_config("batch-inference", INFERENCE_GROUPS, flags_to_argv({"output_path": "unused.jsonl", **flags}))
+    return parse_config("batch-inference", None, flags_to_argv({"output_path": "unused.jsonl", **flags}))
 
 
 @pytest.fixture

@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 
 from rlhfkit.config.parse import parse_config
-from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.observability.run import write_manifest
 
 
 def test_ppo_on_two_actor_ranks_is_reproduced_by_the_plain_command(tmp_path):
     argv = ["--pretrain", "m", "--prompt_data", "p.jsonl", "--actor_num_gpus_per_node", "2"]
-    cfg = parse_config("ppo", RL_GROUPS, argv)
+    cfg = parse_config("ppo", None, argv)
     manifest = write_manifest(tmp_path, cfg, world_size=2, torchrun=False)
     assert manifest["command"] == "rlhfkit ppo " + " ".join(argv)
     assert json.loads((tmp_path / "manifest.json").read_text())["hardware"]["world_size"] == 2

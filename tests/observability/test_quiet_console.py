@@ -7,21 +7,19 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from rlhfkit.config.inference_options import INFERENCE_GROUPS
 from rlhfkit.config.parse import parse_config
-from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.observability.run import process_log_path
 
 
 def test_verbose_keeps_the_actors_output_live_and_otherwise_it_goes_to_the_run_folder(tmp_path):
-    quiet = parse_config("ppo", RL_GROUPS, ["--pretrain", "m", "--prompt_data", "p"])
-    loud = parse_config("ppo", RL_GROUPS, ["--pretrain", "m", "--prompt_data", "p", "--verbose"])
+    quiet = parse_config("ppo", None, ["--pretrain", "m", "--prompt_data", "p"])
+    loud = parse_config("ppo", None, ["--pretrain", "m", "--prompt_data", "p", "--verbose"])
     assert (quiet.verbose, loud.verbose) == (False, True)
     run = str(tmp_path / "run")
     assert process_log_path(run, quiet.verbose, "actor_rank1") == f"{run}/logs/actor_rank1.log"
     assert process_log_path(run, loud.verbose, "actor_rank1") is None
     assert process_log_path(None, False, "engine0") is None
-    batch = parse_config("batch-inference", INFERENCE_GROUPS, ["--pretrain", "m", "--verbose"])
+    batch = parse_config("batch-inference", None, ["--pretrain", "m", "--verbose"])
     assert batch.verbose is True
 
 

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 from rlhfkit.config.parse import flags_to_argv, parse_config
-from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.rl.ppo_trainer import train_ppo
 
 HERE = Path(__file__).parent
@@ -24,7 +23,7 @@ def run(model: str, prompts: str, out: Path, engine, **overrides) -> list[dict]:
              "generate_max_len": 8, "prompt_max_len": 128, "actor_learning_rate": 3e-2, "lr_warmup_ratio": 0.0,
              "init_kl_coef": 0.0, "num_episodes": 1, "seed": 5, "run_dir": str(out / "run"),
              "save_path": str(out / "hf"), "ckpt_path": str(out / "ckpt"), **overrides}
-    cfg = parse_config("ppo", RL_GROUPS, flags_to_argv(flags))
+    cfg = parse_config("ppo", None, flags_to_argv(flags))
     train_ppo(cfg, engines=[engine])
     return [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
 

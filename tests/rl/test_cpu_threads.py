@@ -7,7 +7,6 @@ import pytest
 from ray.util.placement_group import remove_placement_group
 
 from rlhfkit.config.parse import parse_config
-from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.engine import cpu_threads
 from rlhfkit.rl.group import ModelGroup, make_placement_group
 
@@ -29,7 +28,7 @@ def test_ray_alone_gives_one_thread_and_the_workers_take_the_cores(ray_cluster):
     cores = cpu_threads.node_cores()
     assert ray_cluster.get(ray_default.remote()) == 1  # what every model worker computed on before
     for ranks, requested, expected in ((1, 0, cores), (2, 0, max(1, cores // 2)), (1, 1, 1)):
-        cfg = parse_config("ppo", RL_GROUPS, ["--torch_threads_per_worker", str(requested)])
+        cfg = parse_config("ppo", None, ["--torch_threads_per_worker", str(requested)])
         pg = make_placement_group(1, ranks, 1.0)
         group = ModelGroup("actor", cfg, pg, ranks)
         try:

@@ -123,11 +123,10 @@ def test_hung_then_dead_trainer_rank_is_named(ray_cluster, short_deadline):
     from ray.util.placement_group import remove_placement_group
 
     from rlhfkit.config.parse import parse_config
-    from rlhfkit.config.rl_options import RL_GROUPS
     from rlhfkit.rl.group import ModelGroup, make_placement_group
 
     pg = make_placement_group(1, 1, 0.5)
-    group = ModelGroup("critic", parse_config("ppo", RL_GROUPS, ["--verbose"]), pg, 1)
+    group = ModelGroup("critic", parse_config("ppo", None, ["--verbose"]), pg, 1)
     try:
         [pid] = [w["pid"] for w in group.call("whereabouts")]
         short_deadline()

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from rlhfkit.config.parse import flags_to_argv, parse_config
-from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
 from rlhfkit.errors import RemoteActorDied
 from rlhfkit.rl import ppo_trainer
@@ -68,7 +67,7 @@ def assert_same_metrics(rows: list[dict], reference: list[dict], label: str) -> 
 def uninterrupted(ray_cluster, tiny_model_dir, tmp_path_factory) -> list[dict]:
     """The 3-step run without faults: the reference every fault test compares with."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
-    ppo_trainer.train_ppo(parse_config("ppo", RL_GROUPS, flags_to_argv(run_flags(tmp, pretrain=tiny_model_dir))))
+    ppo_trainer.train_ppo(parse_config("ppo", None, flags_to_argv(run_flags(tmp, pretrain=tiny_model_dir))))
     rows = metrics_rows(tmp / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
     return rows
@@ -97,7 +96,7 @@ def test_killed_then_hung_engine_is_restarted_synced_and_the_run_finishes(uninte
             killed["stopped_at"] = time.monotonic()
 
     monkeypatch.setattr(ppo_trainer, "FAULT_HOOK", inject)
-    ppo_trainer.train_ppo(parse_config("ppo", RL_GROUPS, flags_to_argv(flags)))
+    ppo_trainer.train_ppo(parse_config("ppo", None, flags_to_argv(flags)))
     rows = metrics_rows(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]  # the run finished
     assert [r["fault/engine_restarts"] for r in rows] == [0, 1, 2]
@@ -167,7 +166,7 @@ def test_killed_trainer_rank_stops_the_run_at_once_and_the_checkpoint_finishes_i
     monkeypatch.setattr(RLSetup, "close", close)
     monkeypatch.setattr(Pending, "get", get)
     with pytest.raises(RemoteActorDied) as info:
-        ppo_trainer.train_ppo(parse_config("ppo", RL_GROUPS, flags_to_argv(flags)))
+        ppo_trainer.train_ppo(parse_config("ppo", None, flags_to_argv(flags)))
     detected_s = seen["raised_at"] - seen["killed_at"]
     err = info.value
     assert (err.role, err.ranks) == ("actor", [1])
@@ -193,7 +192,7 @@ def test_killed_trainer_rank_stops_the_run_at_once_and_the_checkpoint_finishes_i
     monkeypatch.setattr(RLSetup, "close", real_close)
     resumed_flags = {**flags, "load_checkpoint": True, "run_dir": str(tmp_path / "resumed")}
     began = time.monotonic()
-    ppo_trainer.train_ppo(parse_config("ppo", RL_GROUPS, flags_to_argv(resumed_flags)))
+    ppo_trainer.train_ppo(parse_config("ppo", None, flags_to_argv(resumed_flags)))
     resumed = metrics_rows(tmp_path / "resumed")
     assert [r["step"] for r in resumed] == [2, 3]
     print(f"[faults] resumed from step 1's checkpoint, steps 2-3 in {time.monotonic() - began:.1f} s")

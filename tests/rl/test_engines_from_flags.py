@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from rlhfkit.config.parse import flags_to_argv, parse_config
-from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
 from rlhfkit.rl.ppo_trainer import train_ppo
 
@@ -30,7 +29,7 @@ def run_own_engines(model: str, out: Path, **overrides) -> tuple[list[dict], dic
              "generate_max_len": 8, "prompt_max_len": 128, "actor_learning_rate": 3e-2, "lr_warmup_ratio": 0.0,
              "init_kl_coef": 0.0, "num_episodes": 1, "seed": 5, "vllm_kv_cache_mb": 32, "enforce_eager": True,
              "run_dir": str(out / "run"), "save_path": str(out / "hf"), "ckpt_path": str(out / "ckpt"), **overrides}
-    train_ppo(parse_config("ppo", RL_GROUPS, flags_to_argv(flags)))
+    train_ppo(parse_config("ppo", None, flags_to_argv(flags)))
     rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     return rows, json.loads((out / "run" / "manifest.json").read_text())
 

@@ -52,16 +52,15 @@ def test_resolve_lora_sync_picks_adapter_only_where_the_engines_serve_the_rank()
 
 def test_lora_sync_adapter_that_cannot_work_stops_before_ray(tiny_model_dir, tmp_path):
     from rlhfkit.config.parse import flags_to_argv, parse_config
-    from rlhfkit.config.rl_options import RL_GROUPS
     from rlhfkit.rl.validate import validate_rl
 
     flags = {"pretrain": tiny_model_dir, "prompt_data": "x.jsonl", "remote_rm_url": "r.py", "lora_sync": "adapter"}
     with pytest.raises(ConfigError, match="--lora_sync adapter cannot work here: --lora_rank is 0"):
-        validate_rl(parse_config("ppo", RL_GROUPS, flags_to_argv(flags)))
+        validate_rl(parse_config("ppo", None, flags_to_argv(flags)))
     flags.update(lora_rank=8, rollout_backend="hf")
     with pytest.raises(ConfigError, match="--rollout_backend hf .only vLLM engines serve LoRA"):
-        validate_rl(parse_config("ppo", RL_GROUPS, flags_to_argv(flags)))
-    validate_rl(parse_config("ppo", RL_GROUPS, flags_to_argv({**flags, "rollout_backend": "vllm"})))
+        validate_rl(parse_config("ppo", None, flags_to_argv(flags)))
+    validate_rl(parse_config("ppo", None, flags_to_argv({**flags, "rollout_backend": "vllm"})))
 
 
 @pytest.fixture(scope="module")

@@ -117,14 +117,13 @@ def test_packing_with_an_attention_kernel_that_ignores_4d_masks_is_refused(monke
     import torch
 
     from rlhfkit.config.parse import flags_to_argv, parse_config
-    from rlhfkit.config.rl_options import RL_GROUPS
     from rlhfkit.errors import ConfigError
     from rlhfkit.rl.validate import validate_rl
 
     def cfg(**flags):
         base = {"pretrain": "m", "prompt_data": "p", "remote_rm_url": "builtin:format", "n_samples_per_prompt": 4,
                 "rollout_batch_size": 8, "train_batch_size": 8, "packing_samples": True}
-        return parse_config("ppo", RL_GROUPS, flags_to_argv({**base, **flags}))
+        return parse_config("ppo", None, flags_to_argv({**base, **flags}))
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # where flash_attention_2 runs as such
     with pytest.raises(ConfigError, match="--packing_samples with --attn_implementation flash_attention_2"):

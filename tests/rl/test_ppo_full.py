@@ -15,7 +15,6 @@ from ppo_helpers import run, series
 from uppercase_rm import train_reward_model
 
 from rlhfkit.config.parse import parse_config
-from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.data.synthetic import write_jsonl
 from rlhfkit.errors import ConfigError
 from rlhfkit.rl.colocation import Phases
@@ -232,7 +231,7 @@ def test_reward_group_reads_the_last_token_like_the_reward_model_source(ray_clus
     from rlhfkit.rewards.reward_model import RewardModelSource
     from rlhfkit.rl.group import ModelGroup, make_placement_group
 
-    cfg = parse_config("ppo", RL_GROUPS, ["--normalize_reward", "--micro_rollout_batch_size", "2"])
+    cfg = parse_config("ppo", None, ["--normalize_reward", "--micro_rollout_batch_size", "2"])
     eos = tokenizer.eos_token_id
     samples = [RolloutSample(0, 0, [1, 5, 9], [300, 301, eos], [0.0] * 3, "stop"),
                RolloutSample(0, 1, [1, 5, 9], [400], [0.0], "length"),
@@ -272,7 +271,7 @@ def test_reward_models_must_share_the_policy_tokenizer(tokenizer, reward_model, 
 def _cfg(*argv: str):
     base = ["--pretrain", "m", "--prompt_data", "p.jsonl", "--reward_pretrain", "rm", "--rollout_batch_size", "4",
             "--train_batch_size", "4"]
-    return parse_config("ppo", RL_GROUPS, base + list(argv))
+    return parse_config("ppo", None, base + list(argv))
 
 
 def test_colocated_roles_need_equal_rank_counts():

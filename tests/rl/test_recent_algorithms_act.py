@@ -12,7 +12,6 @@ from ppo_helpers import run, series
 from test_algorithm_options_act import ONE_STEP, close, differs, f64, group_ref, kl_ref, load_dump, micro_batches
 
 from rlhfkit.config.parse import flags_to_argv, parse_config
-from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.errors import ConfigError
 from rlhfkit.rl.validate import validate_rl
 
@@ -116,7 +115,7 @@ def test_length_penalties_seq_mask_tis_adaptive_and_unbiased_kl(tiny_model_dir, 
 def _cfg(**flags):
     base = {"pretrain": "m", "prompt_data": "p", "remote_rm_url": "builtin:format", "n_samples_per_prompt": 4,
             "rollout_batch_size": 8, "train_batch_size": 8}
-    return parse_config("ppo", RL_GROUPS, flags_to_argv({**base, **flags}))
+    return parse_config("ppo", None, flags_to_argv({**base, **flags}))
 
 
 @pytest.mark.parametrize("estimator", ["group_norm", "rloo", "reinforce_baseline", "dr_grpo"])

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 
 from rlhfkit.config.parse import flags_to_argv, parse_config
-from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.errors import WeightSyncMismatch
 from rlhfkit.rl.sync_check import FP32_BOUND, HALF_BOUND, SyncCheck, default_bound
 
@@ -58,7 +57,7 @@ def test_an_engine_computing_with_other_weights_stops_the_run_at_start(ray_clust
         with pytest.raises(WeightSyncMismatch, match=r"start \(this run's weights pushed into the given engines\): "
                                                      r"rollout engine 0 of 1 .* the bound for trainer fp32, engine "
                                                      r"fp32 is 0\.001") as info:
-            build_setup(parse_config("ppo", RL_GROUPS, flags_to_argv(flags)), engines=[faulty])
+            build_setup(parse_config("ppo", None, flags_to_argv(flags)), engines=[faulty])
         # the diff the error reports: far over fp32's bound, yet small enough that only a check like this one sees
         # it. (Read from the error, not from a second set-up with --sync_logprob_tolerance 0.5: one set-up fewer keeps
         # the suite short; the flag setting the bound is the unit test above.)

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from rlhfkit.config.parse import flags_to_argv, parse_config
-from rlhfkit.config.rl_options import RL_GROUPS
 from rlhfkit.errors import ConfigError
 
 HERE = Path(__file__).parent
@@ -31,7 +30,7 @@ def ppo_cfg(model: str, data: str, **flags):
     base = {"pretrain": model, "prompt_data": data, "input_key": "prompt", "image_key": "image",
             "apply_chat_template": True, "remote_rm_url": str(HERE / "letters_reward.py"),
             "advantage_estimator": "group_norm", "n_samples_per_prompt": 2, "prompt_max_len": 128}
-    return parse_config("ppo", RL_GROUPS, flags_to_argv({**base, **flags}))
+    return parse_config("ppo", None, flags_to_argv({**base, **flags}))
 
 
 def write_rows(folder: Path, rows: list[dict]) -> str:
@@ -99,7 +98,7 @@ def test_image_key_needs_a_vision_language_model(tiny_model_dir, tiny_vlm_dir):
         check_vision_model(ppo_cfg(tiny_model_dir, "p.jsonl"))
     check_vision_model(ppo_cfg(tiny_vlm_dir, "p.jsonl"))
     assert keeps_vision_tower(ppo_cfg(tiny_vlm_dir, "p.jsonl"))
-    trained_tower = parse_config("ppo", RL_GROUPS, ["--pretrain", tiny_vlm_dir, "--no-freeze_vision_tower"])
+    trained_tower = parse_config("ppo", None, ["--pretrain", tiny_vlm_dir, "--no-freeze_vision_tower"])
     assert not keeps_vision_tower(trained_tower)
     assert not keeps_vision_tower(ppo_cfg(tiny_model_dir, "p.jsonl"))
 

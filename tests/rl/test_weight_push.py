@@ -48,12 +48,11 @@ def test_nccl_with_colocation_or_an_unknown_backend_is_refused():
 def test_nccl_on_a_cpu_cluster_resolves_to_gloo(ray_cluster, tmp_path):
     from rlhfkit.config.parse import parse_config
     from rlhfkit.config.plan import resolve_plan
-    from rlhfkit.config.rl_options import RL_GROUPS
     from rlhfkit.launch.ray_cluster import cluster_has_gpus
 
     if ray_cluster.cluster_resources().get("GPU", 0) > 0:
         pytest.skip("the Ray cluster has GPUs")
-    cfg = parse_config("ppo", RL_GROUPS, ["--pretrain", "m", "--vllm.sync_backend", "nccl"])  # 0.11's name
+    cfg = parse_config("ppo", None, ["--pretrain", "m", "--vllm.sync_backend", "nccl"])  # 0.11's name
     assert cfg.vllm_sync_backend == "nccl"
     assert resolve_plan(cfg, cluster_has_gpus()).sync_transport == "gloo"
 
