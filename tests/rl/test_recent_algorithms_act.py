@@ -129,12 +129,14 @@ def test_gamma_is_refused_for_group_estimators(estimator):
 
 def test_refused_values_of_the_recent_flags():
     """--kl_target needs --init_kl_coef > 0 and a positive --kl_horizon; --use_unbiased_kl needs --use_kl_loss;
-    --overlong_buffer_len must fit in --generate_max_len; --stop_properly_penalty_coef is <= 1."""
+    --overlong_buffer_len must fit in --generate_max_len; --stop_properly_penalty_coef is <= 1; --reward_clip_range
+    is two numbers (low high)."""
     cases = [({"kl_target": 0.1, "init_kl_coef": 0.0}, "--kl_target"),
              ({"kl_target": 0.1, "kl_horizon": 0}, "--kl_horizon"),
              ({"use_unbiased_kl": True}, "--use_unbiased_kl"),
              ({"overlong_buffer_len": 9, "generate_max_len": 8}, "--overlong_buffer_len"),
-             ({"stop_properly_penalty_coef": 1.5}, "--stop_properly_penalty_coef")]
+             ({"stop_properly_penalty_coef": 1.5}, "--stop_properly_penalty_coef"),
+             ({"reward_clip_range": [1.0, 2.0, 3.0]}, "--reward_clip_range 1.0 2.0 3.0: give two numbers")]
     for flags, name in cases:
         with pytest.raises(ConfigError, match=name):
             validate_rl(_cfg(**flags))
