@@ -79,16 +79,23 @@ def _normalize_output(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip("\n").splitlines()).rstrip()
 
 
-def _limits(memory_mb: int, cpu_seconds: int) -> Callable[[], None]:
-    def apply() -> None:
-        import resource
+# The child sets its own limits, then runs the program (passed as argv[1]) as `__main__`. Not `preexec_fn`: that runs
+# Python between fork and exec, which deadlocks when another thread of this process (Ray's, the reward pool's) held a
+# lock at the fork (seen here: a test hung in `_execute_child` for 10+ minutes, the child stuck before exec).
+_LIMITED_RUNNER = """import resource as _r, sys as _s
+for _k, _v in ((_r.RLIMIT_AS, {memory}), (_r.RLIMIT_CPU, {cpu}), (_r.RLIMIT_FSIZE, {fsize})):
+    _r.setrlimit(_k, (_v, _v))
+_src = _s.argv.pop(1)
+del _r, _s, _k, _v
+exec(compile(_src, "<string>", "exec"), {{"__name__": "__main__", "__builtins__": __builtins__}})
+"""
 
-        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
-        os.setsid()
 
-    return apply
+def _limited_command(source: str, memory_mb: int, cpu_seconds: int) -> list[str]:
+    """`python -c` that caps address space, CPU seconds and file size (RLIMIT_AS/CPU/FSIZE, soft = hard), then
+    runs `source`."""
+    runner = _LIMITED_RUNNER.format(memory=memory_mb << 20, cpu=cpu_seconds, fsize=FILE_LIMIT)
+    return [sys.executable, "-I", "-S", "-c", runner, source]
 
 
 def run_case(program: str, case: Case, *, timeout: float = 5.0, memory_mb: int = 512) -> tuple[bool, bool]:
@@ -100,9 +107,9 @@ def run_case(program: str, case: Case, *, timeout: float = 5.0, memory_mb: int =
         f"{program}\n\n{case.append}\n\nimport sys as _rlhfkit_sys\n_rlhfkit_sys.stdout.write('\\n{reached}\\n')\n"
     with tempfile.TemporaryDirectory(prefix="rlhfkit_code_") as workdir:
         try:
-            done = subprocess.run([sys.executable, "-I", "-S", "-c", source], input=case.stdin, capture_output=True,
-                                  text=True, timeout=timeout, cwd=workdir, env={},
-                                  preexec_fn=_limits(memory_mb, max(1, int(timeout) + 1)))
+            done = subprocess.run(_limited_command(source, memory_mb, max(1, int(timeout) + 1)), input=case.stdin,
+                                  capture_output=True, text=True, timeout=timeout, cwd=workdir, env={},
+                                  start_new_session=True)
         except subprocess.TimeoutExpired:
             return False, True
     if done.returncode != 0:
