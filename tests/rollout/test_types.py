@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhfkit.config.inference_options import InferenceOptions
-from rlhfkit.config.rl_options import RolloutOptions
+from rlhfkit.config.parse import parse_config
 from rlhfkit.rollout.buckets import iter_buckets
 from rlhfkit.rollout.dispatch import shard_bounds
 from rlhfkit.rollout.types import RolloutSample, SamplingConfig
@@ -14,17 +13,20 @@ from rlhfkit.rollout.weight_sync import named_weights_for_sync
 
 
 def test_sampling_config_from_flags():  # ppo's rollout group
-    opts = RolloutOptions(temperature=0.7, top_p=0.9, generate_max_len=33, n_samples_per_prompt=4)
+    opts = parse_config("ppo", None, ["--temperature", "0.7", "--top_p", "0.9", "--generate_max_len", "33",
+                                      "--n_samples_per_prompt", "4"])
     cfg = SamplingConfig.from_options(opts, seed=5, stop_token_ids=[2])
     assert (cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.n, cfg.seed) == (0.7, 0.9, 33, 4, 5)
     assert cfg.stop_token_ids == (2,)
 
 
 def test_sampling_config_from_the_batch_inference_flags():
-    opts = InferenceOptions(temperature=0.7, top_p=0.8, max_new_tokens=21, best_of_n=3)
+    opts = parse_config("batch-inference", None, ["--temperature", "0.7", "--top_p", "0.8", "--max_new_tokens", "21",
+                                                  "--best_of_n", "3"])
     cfg = SamplingConfig.from_options(opts, None)
     assert (cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.n, cfg.seed) == (0.7, 0.8, 21, 3, None)
-    greedy = SamplingConfig.from_options(InferenceOptions(temperature=0.7, greedy_sampling=True), 1)
+    greedy_flags = parse_config("batch-inference", None, ["--temperature", "0.7", "--greedy_sampling"])
+    greedy = SamplingConfig.from_options(greedy_flags, 1)
     assert greedy.temperature == 0.0 and greedy.greedy
 
 
@@ -74,10 +76,10 @@ def test_named_weights_skip_tied_duplicates():
 def test_engine_options_from_either_commands_flags():
     from rlhfkit.rollout.vllm_engine import engine_options
 
-    rollout = RolloutOptions(vllm_tensor_parallel_size=2, vllm_gpu_memory_utilization=0.9, vllm_kv_cache_mb=128,
-                             enforce_eager=True, enable_prefix_caching=False, prompt_max_len=100, generate_max_len=28)
-    inference = InferenceOptions(tp_size=2, vllm_gpu_memory_utilization=0.9, vllm_kv_cache_mb=128, enforce_eager=True,
-                                 enable_prefix_caching=False, prompt_max_len=100, max_new_tokens=28)
+    common = ["--vllm_gpu_memory_utilization", "0.9", "--vllm_kv_cache_mb", "128", "--enforce_eager",
+              "--prompt_max_len", "100"]
+    rollout = parse_config("ppo", None, [*common, "--vllm_tensor_parallel_size", "2", "--generate_max_len", "28"])
+    inference = parse_config("batch-inference", None, [*common, "--tp_size", "2", "--max_new_tokens", "28"])
     opts = engine_options(rollout, dtype="fp32", seed=3)
     assert opts == engine_options(inference, dtype="fp32", seed=3)  # one builder, the same engine from both
     assert opts["cpu_kv_cache_bytes"] == 128 * 2**20 and opts["max_model_len"] == 128
