@@ -26,11 +26,14 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from rlhfkit.errors import RemoteCallError
 from rlhfkit.rl.weight_push import push_actor_weights
 from rlhfkit.rollout.remote import ping_engines
+
+if TYPE_CHECKING:
+    from rlhfkit.rl.setup import RLSetup
 
 log = logging.getLogger("rlhfkit")
 T = TypeVar("T")
@@ -49,9 +52,9 @@ def engine_fault(err: BaseException) -> RemoteCallError | None:
 class EngineFaults:
     """Restarts the engines of a run (`s`: `RLSetup`) after faults; `guard` wraps each piece of engine work."""
 
-    def __init__(self, s: Any) -> None:
+    def __init__(self, s: RLSetup) -> None:
         self.s = s
-        self.max_restarts = int(getattr(s.cfg, "max_engine_restarts", 0))
+        self.max_restarts = s.cfg.max_engine_restarts
         self.restarts = 0
         self.step = s.start_step
         self.seconds = 0.0  # recovery time in the current step
