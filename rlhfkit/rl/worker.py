@@ -235,19 +235,25 @@ class ModelWorker:
         return torch.cat(out)
 
     @torch.no_grad()
-    def probe_log_probs(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
-        """log softmax(logits)[token] at temperature 1 of each response token, as the engines' `score` computes it
-        (the weight-sync check, `rlhfkit.rl.sync_check`); collective over the group's ranks."""
+    def probe_log_probs(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+        """log softmax(logits)[token] at temperature 1 of each response token after its prompt, one sequence at a
+        time, as the engines' `score` computes it (the weight-sync check, `rlhfkit.rl.sync_check`); collective over
+        the group's ranks."""
         self.model.eval()
-        seq = torch.tensor([list(prompt_ids) + list(response_ids)], device=self.dist.device)
-        mask = torch.ones_like(seq)
+        scores = []
         with self._frozen_on_device():
-            if self.ring is not None:
-                return ring_response_log_probs(self.model, seq, mask, len(response_ids), 1.0,
-                                               self.ring)[0][0].cpu().tolist()
-            logits = self.model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask),
-                                logits_to_keep=len(response_ids) + 1).logits
-        return log_probs_from_logits(logits[:, :-1].float(), seq[:, -len(response_ids):])[0].cpu().tolist()
+            for prompt_ids, response_ids in zip(prompts, responses, strict=True):
+                seq = torch.tensor([list(prompt_ids) + list(response_ids)], device=self.dist.device)
+                mask = torch.ones_like(seq)
+                if self.ring is not None:
+                    scores.append(ring_response_log_probs(self.model, seq, mask, len(response_ids), 1.0,
+                                                          self.ring)[0][0].cpu().tolist())
+                    continue
+                logits = self.model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask),
+                                    logits_to_keep=len(response_ids) + 1).logits
+                scores.append(log_probs_from_logits(logits[:, :-1].float(),
+                                                    seq[:, -len(response_ids):])[0].cpu().tolist())
+        return scores
 
     @torch.no_grad()
     def rewards(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -94,7 +94,7 @@ def main() -> None:
         result["actor_grads"] = dict(grads["actor"])
         result["critic"] = workers["critic"].train_critic_step(data, tokens)
         result["critic_grads"] = dict(grads["critic"])
-        result["probe"] = workers["actor"].probe_log_probs(PROMPTS[0], RESPONSES[2])
+        result["probe"] = workers["actor"].probe_log_probs([PROMPTS[0]], [RESPONSES[2]])[0]
         if scorer is not None:
             result["rewards"] = scorer.rewards(scored_batch())
         out[layout] = result
