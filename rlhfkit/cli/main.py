@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
+import traceback
+from pathlib import Path
 
-from rlhfkit.errors import ConfigError, DataError
+from rlhfkit.errors import (
+    AgentError,
+    ConfigError,
+    DataError,
+    DriftError,
+    RemoteCallError,
+    RewardError,
+    WeightSyncMismatch,
+)
+
+# Errors a run meets at run time whose message already says what failed, the numbers and the flag that changes it:
+# one message on the console, the full trace in the run folder (`error.txt`).
+RUN_ERRORS = (WeightSyncMismatch, RewardError, AgentError, DriftError, RemoteCallError)
 
 COMMANDS = {
     "demo": "GRPO on the embedded SmolLM2-135M-Instruct (what `make demo` runs)",
@@ -46,6 +61,25 @@ def main(argv: list[str] | None = None) -> None:
     except (ConfigError, DataError) as err:
         print(f"rlhfkit {command}: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except RUN_ERRORS as err:
+        where = write_trace(err)
+        trace = f"\n(the full trace: {where})" if where else ""
+        print(f"rlhfkit {command}: {type(err).__name__}: {err}{trace}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def write_trace(err: BaseException) -> Path | None:
+    """Write `err`'s traceback to `error.txt` in the run folder (the folder of the run's `train.log`) and to the
+    log file; return the file, or None where the run has no folder yet."""
+    for handler in logging.getLogger("rlhfkit").handlers:
+        if isinstance(handler, logging.FileHandler):
+            path = Path(handler.baseFilename).parent / "error.txt"
+            text = "".join(traceback.format_exception(err))
+            path.write_text(text)
+            handler.stream.write(text)
+            handler.flush()
+            return path
+    return None
 
 
 if __name__ == "__main__":

@@ -51,3 +51,24 @@ def test_the_examples_show_the_same_prompts_fixed_first_then_still_wrong_then_th
 
 def before_reward(rows: list[dict], prompt: str) -> float:
     return next(r["reward"] for r in rows if r["prompt"] == prompt)
+
+
+def test_the_real_demo_at_auto_precision_unpinned(ray_cluster, tmp_path, capsys, monkeypatch):
+    """What a fresh clone's `make demo` runs, shortened: the embedded SmolLM2-135M at `auto` precision without the
+    suite's fp32 pin, so a native-bf16 CPU runs bf16 (engine and trainer, the sync check on at its default bound)
+    and an AVX2 CPU fp32. The driver resolves auto (workers get the resolved dtype)."""
+    from rlhfkit.engine.precision import resolve_precision
+
+    monkeypatch.delenv("RLHFKIT_AUTO_DTYPE")
+    expected = resolve_precision("auto", "cpu")
+    run_dir = demo_main(["--steps", "3", "--eval_prompts", "8", "--run_dir", str(tmp_path / "demo")])
+    out = capsys.readouterr().out
+    assert f"precision: {expected.dtype} (auto: " in out, out
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "time/step" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(0 <= r["sync/logprob_diff"] <= r["sync/logprob_bound"] for r in steps), steps
+    if expected.dtype == "bf16":  # the check bites: bf16 noise is measured, well under the bound
+        assert all(r["sync/logprob_diff"] > 0 for r in steps)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["precision"]["dtype"] == expected.dtype
