@@ -50,7 +50,8 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(path)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     base = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
-    engine = VLLMEngine(path, dtype={"bf16": "bfloat16", "fp32": "float32"}[args.dtype], kv_cache_memory_bytes=512 << 20, max_model_len=512)
+    engine = VLLMEngine(path, dtype={"bf16": "bfloat16", "fp32": "float32"}[args.dtype],
+                        kv_cache_memory_bytes=512 << 20, max_model_len=512)
     rows = arithmetic_rows(args.prompts + 1, seed=1, system="You are a helpful assistant.")
     prompts = []
     for r in rows:

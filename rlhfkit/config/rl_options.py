@@ -71,9 +71,10 @@ class RolloutOptions:
                                    "(the reason logged)",
                          choices=["auto", "adapter", "merged"])
     sync_logprob_tolerance: float | None = opt(None, "after weights reach the engines (start and every sync), the "
-                                                     "mean |engine - trainer| log-prob on a fixed probe sequence "
-                                                     "must stay under this, or the run stops naming the engine; "
-                                                     "default by dtype: 1e-3 fp32, 5e-2 with bf16/fp16; 0 = off")
+                                                     "mean |engine - trainer| log-prob on a fixed probe must stay "
+                                                     "under this, or the run stops naming the engine; default: 1e-3 "
+                                                     "in fp32; with bf16/fp16 0.25 at start, then max(0.01, 4 x "
+                                                     "the diff measured at start); 0 = off")
     generate_max_len: int = opt(1024, "maximum new tokens per response")
     n_samples_per_prompt: int = opt(1, "responses per prompt (a group)")
     micro_rollout_batch_size: int = opt(8, "rows per forward when computing log-probs/values")
