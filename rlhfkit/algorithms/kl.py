@@ -13,6 +13,7 @@ import torch
 from .normalize import aggregate_loss, as_bool_mask, compute_dtype
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
+UNBIASED_KL_RHO_MAX = 10.0  # the cap on --use_unbiased_kl's importance weight (OpenRLHF's)
 
 
 def log_ratio(
@@ -78,15 +79,26 @@ def kl_loss(
     ``r grad log pi`` is unbiased for ``grad KL(pi || pi_ref)``; k3's (GRPO's choice) for ``grad KL(pi_ref || pi)``;
     k1's gradient has zero expectation, so it makes a poor loss.
 
-    Unbiased form (``--use_unbiased_kl``, DeepSeek-V3.2's importance-weighted k3): given ``old_log_probs`` (the
-    sampling policy's), each token's estimate is weighted by the differentiable ratio
-    ``rho_t = exp(clamp(log pi_t - log pi_old_t, -20, 20))``: ``agg_t(rho_t k(r_t))``. Since
-    ``E_{pi_old}[rho k3(r)] = KL(pi || pi_ref)``, its gradient ``rho_t (k3(r_t) + 1 - exp(-r_t)) grad log pi_t
-    = rho_t r_t grad log pi_t`` is unbiased for ``grad KL(pi || pi_ref)`` (on-policy ``rho = 1`` in value, so the
-    loss value is unchanged and only the gradient gains the score-function term ``k3 grad log pi``).
+    Unbiased form (``--use_unbiased_kl``, DeepSeek-V3.2's importance-weighted k3; k3 only): given ``old_log_probs``
+    (the sampling policy's), each token's estimate is weighted by ``rho_t = min(exp(clamp(log pi_t - log pi_old_t,
+    -c, c)), 10)`` (c = ``log_ratio_clip``; the cap at 10 is OpenRLHF's): value ``agg_t(rho_t k3(r_t))``. Since
+    ``E_{pi_old}[rho k3(r)] = KL(pi || pi_ref)`` and ``d(rho k3)/d log pi = rho (k3 + 1 - exp(-r)) = rho r``, the
+    gradient per token is ``rho_t r_t grad log pi_t``: unbiased for ``grad KL(pi || pi_ref)`` (up to the cap). It is
+    written in that form (a stop-gradient surrogate), not by differentiating ``rho * clamp(k3, +-kl_clip)``: where
+    the clamp is active the clamped estimate has no gradient of its own, and the product's gradient would be
+    ``rho * kl_clip * grad log pi``, always positive, pushing a token far below the reference further down.
+    k1 and k2 have no such unbiased weighted form (``rho k1`` and ``rho k2`` differentiate to ``rho (r + 1)`` and
+    ``rho r (1 + r/2)``): refused.
     """
     kl = compute_kl(log_probs, ref_log_probs, action_mask, estimator, log_ratio_clip=log_ratio_clip, kl_clip=kl_clip)
     if old_log_probs is not None:
-        rho = log_ratio(log_probs, old_log_probs.detach(), 20.0 if log_ratio_clip is None else log_ratio_clip).exp()
-        kl = torch.where(as_bool_mask(action_mask, kl), rho * kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
+        if estimator != "k3":
+            raise ValueError(f"the importance-weighted (unbiased) KL loss is defined for k3 only, got {estimator!r}: "
+                             "rho * k1 and rho * k2 are not unbiased gradients of KL(pi || pi_ref)")
+        clip = 20.0 if log_ratio_clip is None else log_ratio_clip
+        rho = log_ratio(log_probs, old_log_probs, clip).exp().clamp(max=UNBIASED_KL_RHO_MAX).detach()
+        r = log_ratio(log_probs, ref_log_probs, log_ratio_clip).detach()
+        score = log_probs.to(kl.dtype) - log_probs.detach().to(kl.dtype)  # 0 in value, gradient 1
+        weighted = (rho * kl).detach() + rho * r * score
+        kl = torch.where(as_bool_mask(action_mask, kl), weighted, torch.zeros((), dtype=kl.dtype, device=kl.device))
     return aggregate_loss(kl, action_mask, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)

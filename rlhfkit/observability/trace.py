@@ -27,8 +27,8 @@ def add_loss_weights(exp: Any, index: torch.Tensor, mask: torch.Tensor, num_toke
     each row's share of the policy loss's denominator is added to `exp.info["loss_weight"]` -- its trained tokens /
     the mini-batch's (`num_tokens`), or 1 / rows (`num_seqs`) for a sequence-mean loss (gspo)."""
     weights = exp.info.setdefault(LOSS_WEIGHT_KEY, torch.zeros(exp.batch_size, dtype=torch.float64))
-    share = torch.full((len(index),), 1.0 / num_seqs, dtype=torch.float64) if seq_mean else \
-        mask.sum(-1).double() / num_tokens
+    has_tokens = (mask.sum(-1) > 0).double()  # a row with no token is not in the sequence mean
+    share = has_tokens / num_seqs if seq_mean else mask.sum(-1).double() / num_tokens
     weights.index_add_(0, index.long(), share)
 
 

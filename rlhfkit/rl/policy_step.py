@@ -10,6 +10,7 @@ from typing import Any, cast
 import torch
 
 from rlhfkit.algorithms.kl import compute_kl, kl_loss
+from rlhfkit.algorithms.normalize import masked_mean
 from rlhfkit.algorithms.offpolicy import importance_weights
 from rlhfkit.algorithms.policy_loss import ppo_policy_loss
 from rlhfkit.config.plan import kl_mode_of
@@ -58,6 +59,8 @@ def policy_loss(cfg: RLAlgorithmOptions, mb: dict[str, torch.Tensor], log_probs:
                                     eps_clip_low_high=low_high,
                                     dual_clip=cfg.dual_clip, is_weights=weights, token_out=token_out,
                                     policy_loss_type=cfg.policy_loss_type, **agg)
+    if ratio_base is not old:  # GSPO + IS: the ratio is the engine's, train/approx_kl stays mean(log pi_old - log pi)
+        metrics["approx_kl"] = masked_mean(old - log_probs.detach(), mask)
     if kl_mode_of(cfg.init_kl_coef, cfg.use_kl_loss) == "loss":
         kl_term = kl_loss(log_probs, mb["ref_log_probs"], mask, cfg.kl_estimator, num_tokens=num_tokens,
                           old_log_probs=old if cfg.use_unbiased_kl else None)

@@ -87,6 +87,13 @@ def collect_rollout(s: RLSetup, stream: PromptStream, sampling: SamplingConfig, 
                      "filter/rounds": rounds}
 
 
+def learning_rows(action_mask: torch.Tensor) -> float:
+    """The rows of a mini-batch that have a token to learn from (at least 1): a sequence-mean loss (gspo) divides by
+    these, as OpenRLHF and `aggregate_loss`'s seq_mean do; a row whose action mask is empty (a filtered or zero-length
+    response) is left out."""
+    return float((action_mask.sum(-1) > 0).sum().clamp(min=1))
+
+
 def train_on_experience(s: RLSetup, exp: Experience, step: int,
                         record: dict[str, Any] | None = None) -> dict[str, float]:
     """PPO epochs over the buffer in global mini-batches of --train_batch_size rows. `record` (--debug_dump_steps):
@@ -104,6 +111,7 @@ def train_on_experience(s: RLSetup, exp: Experience, step: int,
                 index = index[torch.argsort(exp.prompt_index[index], stable=True)]
             mini = exp.select(index)
             num_tokens = float(mini.action_mask.sum().clamp(min=1))
+            num_seqs = learning_rows(mini.action_mask)
             kl_coef = kl_coefficient(s)
             tensors = mini.tensors()
             if record is not None:  # the workers see it and send their tensors back
@@ -118,9 +126,9 @@ def train_on_experience(s: RLSetup, exp: Experience, step: int,
                 calls.append((s.actor, partial(s.actor.scatter_async, "train_policy_step",
                                                _shards(tensors, s.actor), num_tokens,
                                                per_rank=s.ptx_per_rank(mini.batch_size),
-                                               num_seqs=float(mini.batch_size), kl_coef=kl_coef)))
+                                               num_seqs=num_seqs, kl_coef=kl_coef)))
                 roles.append("actor")
-                add_loss_weights(exp, index, mini.action_mask, num_tokens, float(mini.batch_size),
+                add_loss_weights(exp, index, mini.action_mask, num_tokens, num_seqs,
                                  cfg.policy_loss_type == "gspo")  # the per-sample trace's loss_weight
             for role, results in zip(roles, run_side_by_side(calls)):
                 if record is not None:

@@ -114,6 +114,10 @@ def _validate_algorithm_flags(cfg: PPOConfig) -> None:
                           "> 0, or drop --use_kl_loss")
     if cfg.use_unbiased_kl and not cfg.use_kl_loss:
         raise ConfigError("--use_unbiased_kl weights the KL loss: it goes with --use_kl_loss")
+    if cfg.use_unbiased_kl and cfg.kl_estimator != "k3":
+        raise ConfigError(f"--use_unbiased_kl with --kl_estimator {cfg.kl_estimator}: the importance-weighted KL "
+                          "loss is an unbiased gradient of KL(policy || reference) for k3 only (rho * k1 and rho * k2 "
+                          "differentiate to other quantities); use --kl_estimator k3")
     if cfg.overlong_buffer_len is not None and not 0 < cfg.overlong_buffer_len <= cfg.generate_max_len:
         raise ConfigError(f"--overlong_buffer_len {cfg.overlong_buffer_len} must be in (0, --generate_max_len "
                           f"{cfg.generate_max_len}]")

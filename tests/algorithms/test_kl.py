@@ -142,3 +142,34 @@ def test_unbiased_kl_weights_use_the_given_log_ratio_clip():
     k3 = math.exp(-0.5) - 1 + 0.5
     got = kl_loss(lp, ref, None, old_log_probs=old, log_ratio_clip=1.0).item()
     assert got == pytest.approx(math.e * k3 / 2, rel=1e-12)  # rho = e^1 (clamped), second token k3 = 0
+
+
+def test_unbiased_kl_gradient_has_the_sign_of_the_log_ratio_where_the_kl_clamp_is_active():
+    """Far-off tokens (k3 over kl_clip = 10): the gradient stays rho r, from a float64 hand computation. Minimal
+    case, on-policy: log pi = -5, log pi_ref = -1: r = -4, gradient -4 (the old product rho * clamp(k3) gave +10, so
+    descent pushed the token further below the reference)."""
+    lp = torch.tensor([[-5.0]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[-1.0]], dtype=torch.float64)
+    loss = kl_loss(lp, ref, None, "k3", old_log_probs=lp.detach())
+    assert loss.item() == pytest.approx(10.0)  # the value is still the clamped estimate
+    loss.backward()
+    assert lp.grad.item() == pytest.approx(-4.0, rel=1e-12)
+    # a batch with log-ratios up to +-40: every token's gradient has the sign of its log-ratio (r clamped at 20),
+    # and the importance weight is capped at 10
+    g = torch.Generator().manual_seed(0)
+    pi = -torch.rand(8, 48, generator=g, dtype=torch.float64) * 3
+    ref = pi + (torch.rand(8, 48, generator=g, dtype=torch.float64) * 80 - 40)
+    old = pi + torch.randn(8, 48, generator=g, dtype=torch.float64) * 3
+    x = pi.clone().requires_grad_(True)
+    kl_loss(x, ref, None, "k3", old_log_probs=old).backward()  # token mean over 384 tokens
+    r = (pi - ref).clamp(-20, 20)
+    rho = torch.exp((pi - old).clamp(-20, 20)).clamp(max=10)
+    torch.testing.assert_close(x.grad, rho * r / r.numel(), rtol=1e-12, atol=0)
+    assert bool((torch.sign(x.grad) == torch.sign(r)).all())
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2"])
+def test_unbiased_kl_is_refused_for_k1_and_k2(estimator):
+    lp = torch.zeros(1, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="k3 only"):
+        kl_loss(lp, lp - 1, None, estimator, old_log_probs=lp)

@@ -134,6 +134,7 @@ def test_refused_values_of_the_recent_flags():
     cases = [({"kl_target": 0.1, "init_kl_coef": 0.0}, "--kl_target"),
              ({"kl_target": 0.1, "kl_horizon": 0}, "--kl_horizon"),
              ({"use_unbiased_kl": True}, "--use_unbiased_kl"),
+             ({"use_unbiased_kl": True, "use_kl_loss": True, "kl_estimator": "k2"}, "--kl_estimator k2: the "),
              ({"overlong_buffer_len": 9, "generate_max_len": 8}, "--overlong_buffer_len"),
              ({"stop_properly_penalty_coef": 1.5}, "--stop_properly_penalty_coef"),
              ({"reward_clip_range": [1.0, 2.0, 3.0]}, "--reward_clip_range 1.0 2.0 3.0: give two numbers")]
@@ -141,7 +142,7 @@ def test_refused_values_of_the_recent_flags():
         with pytest.raises(ConfigError, match=name):
             validate_rl(_cfg(**flags))
     validate_rl(_cfg(kl_target=0.1, kl_horizon=100, overlong_buffer_len=8, generate_max_len=8,
-                     stop_properly_penalty_coef=-0.5, use_kl_loss=True, use_unbiased_kl=True))
+                     stop_properly_penalty_coef=-0.5, use_kl_loss=True, use_unbiased_kl=True, kl_estimator="k3"))
     assert _cfg().policy_loss_type == "ppo" and _cfg().kl_target is None and _cfg().kl_horizon == 10000
     assert _cfg(vllm_is_correction_type="seq-mask-tis").vllm_is_correction_type == "seq-mask-tis"
 
