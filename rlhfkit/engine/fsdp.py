@@ -37,12 +37,15 @@ def compute_dtype(param_dtype: str, device: torch.device) -> torch.dtype:
 
 
 def shard_model(model: nn.Module, *, zero_stage: int, device: torch.device, param_dtype: str = "auto",
-                cpu_offload: bool = False) -> nn.Module:
+                cpu_offload: bool = False, trainable: bool = False) -> nn.Module:
     """Apply FSDP2 in place and return the model (master weights stay fp32; compute in the chosen dtype).
 
-    A single rank with nothing for FSDP2 to do (fp32 compute, no offload) keeps the plain module: there is no
-    one to shard with, and FSDP2's per-layer gather/reduce copies cost 15-20% of an SFT step on a CPU
-    (benchmarks/sft.py). Everything downstream (optimizer, clipping, checkpoints) treats both alike.
+    A single rank with nothing to shard (no offload, no tensor parallelism) keeps the plain module: FSDP2's
+    per-layer gather/reduce copies cost 15-20% of an SFT step on a CPU (benchmarks/sft.py), and in half precision
+    its cast of every fp32 weight in every forward (and gradient in every backward) about 30% of a policy step
+    (benchmarks/train_step.py). There a frozen model (`trainable=False`) is simply cast to the compute dtype, and a
+    trainable one stays fp32 for `TrainEngine`, which keeps the fp32 masters apart and computes on a half-precision
+    copy (`rlhfkit.engine.master_weights`). Everything downstream (optimizer, clipping, checkpoints) treats all alike.
     """
     dtype = compute_dtype(param_dtype, device)
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
@@ -60,8 +63,11 @@ def shard_model(model: nn.Module, *, zero_stage: int, device: torch.device, para
         model.to(device)
         parallelize(model, tp)
         world //= tp.size
-    if world == 1 and dtype == torch.float32 and not cpu_offload:
-        return model.to(device)
+    if world == 1 and not cpu_offload and (tp is None or dtype == torch.float32):
+        from rlhfkit.engine.master_weights import cast_parameters
+
+        model.to(device)
+        return model if trainable or dtype == torch.float32 else cast_parameters(model, dtype)
     kwargs: dict = {"reshard_after_forward": zero_stage == 3}
     if dtype != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)

@@ -15,9 +15,11 @@ from rlhfkit.config.commands import TrainingConfig
 from rlhfkit.config.optim_options import optim_settings
 from rlhfkit.engine.distributed import DistInfo
 from rlhfkit.engine.ema import EMA
-from rlhfkit.engine.fsdp import shard_model
+from rlhfkit.engine.fsdp import compute_dtype, shard_model
+from rlhfkit.engine.master_weights import MasterWeights
 from rlhfkit.engine.optim import build_scheduler, make_optimizer
 from rlhfkit.models.context_parallel import ring_group, use_ring_attention
+from rlhfkit.models.loading import is_4bit
 
 
 class TrainEngine:
@@ -38,16 +40,24 @@ class TrainEngine:
         if ring_group() is not None:  # --ring_attn_size > 1: sequences split over the ring group
             use_ring_attention(model)
         self.model = shard_model(model, zero_stage=cfg.zero_stage, device=dist_info.device,
-                                 param_dtype=cfg.param_dtype, cpu_offload=cfg.adam_offload)
+                                 param_dtype=cfg.param_dtype, cpu_offload=cfg.adam_offload, trainable=True)
+        # One rank in half precision (shard_model left the module plain and fp32): compute on a half-precision copy,
+        # step fp32 masters (rlhfkit.engine.master_weights). `state_model` is what holds the weights the optimizer,
+        # checkpoints, the EMA and the saved HF folder see: the masters there, else the model itself.
+        self.master: MasterWeights | None = None
+        dtype = compute_dtype(cfg.param_dtype, dist_info.device)
+        if dtype != torch.float32 and not is_fsdp(self.model) and not is_4bit(self.model):
+            self.master = MasterWeights(self.model, dtype)
+        self.state_model = self.master.masters if self.master is not None else self.model
         self.aux_loss_coef = float(cfg.aux_loss_coef or 0.0)
         self.aux_loss = _router_aux_loss(self.model, self.aux_loss_coef)
         self.settings = optim_settings(cfg, role, learning_rate)
-        self.optimizer = make_optimizer(self.model, self.settings)
+        self.optimizer = make_optimizer(self.state_model, self.settings)
         self.scheduler = build_scheduler(self.optimizer, total_steps=total_steps,
                                          warmup_ratio=self.settings.lr_warmup_ratio,
                                          schedule=self.settings.lr_scheduler, min_lr_ratio=self.settings.min_lr_ratio)
         # ema_beta (ppo --enable_ema): the float32 moving average of the weights, updated after every step
-        self.ema = EMA(self.model, ema_beta) if ema_beta is not None else None
+        self.ema = EMA(self.state_model, ema_beta) if ema_beta is not None else None
 
     @property
     def lr(self) -> float:
@@ -66,8 +76,9 @@ class TrainEngine:
         `report` (a dict, for --debug_dump_steps; None costs nothing): filled with `lr` (the one this step uses),
         `grad_norm_after_clip`, and the size of the update over all parameters, `update_max_abs` (max |delta|) and
         `update_norm` (||delta||_2), global over the ranks."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        before = [_local(p).detach().clone() for p in self.model.parameters()] if report is not None else None
+        weights = self.state_model
+        params = [p for p in weights.parameters() if p.grad is not None]
+        before = [_local(p).detach().clone() for p in weights.parameters()] if report is not None else None
         if self.settings.max_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, self.settings.max_norm)
         else:
@@ -81,13 +92,27 @@ class TrainEngine:
             grads = cast(list[torch.Tensor], [p.grad for p in params])
             report["grad_norm_after_clip"] = float(_full(torch.nn.utils.get_total_norm(grads)))
         self.optimizer.step()
+        if self.master is not None:
+            self.master.sync_to_model()
         if self.ema is not None:
             self.ema.update()
         if before is not None and report is not None:  # (before is set exactly when report is)
-            report.update(_update_size(before, [_local(p).detach() for p in self.model.parameters()]))
+            report.update(_update_size(before, [_local(p).detach() for p in weights.parameters()]))
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return value
+
+
+    def after_load(self) -> None:
+        """After a checkpoint wrote the weights (into `state_model`): round them into the compute copy."""
+        if self.master is not None:
+            self.master.sync_to_model(trainable_only=False)
+
+
+def is_fsdp(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
 
 
 def _router_aux_loss(model: nn.Module, coef: float) -> Any:

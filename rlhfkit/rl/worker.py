@@ -479,13 +479,15 @@ class ModelWorker:
 
     def save_checkpoint(self, path: str, step: int, trainer_state: dict[str, Any], max_keep: int) -> str:
         engine = self._trainer()
-        return str(save_checkpoint(path, step, self.model, engine.optimizer, engine.scheduler,
+        return str(save_checkpoint(path, step, engine.state_model, engine.optimizer, engine.scheduler,
                                    trainer_state, max_keep, extra_state=self._ema_state()))
 
     def load_checkpoint(self, path: str) -> dict[str, Any] | None:
         engine = self._trainer()
-        return load_checkpoint(path, self.model, engine.optimizer, engine.scheduler, seed=self.cfg.seed,
-                               extra_state=self._ema_state())
+        state = load_checkpoint(path, engine.state_model, engine.optimizer, engine.scheduler, seed=self.cfg.seed,
+                                extra_state=self._ema_state())
+        engine.after_load()
+        return state
 
     def _ema_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
         ema = self._trainer().ema
@@ -496,7 +498,8 @@ class ModelWorker:
         from rlhfkit.models.loading import load_tokenizer
 
         ema = self.engine.ema if self.engine is not None else None
-        save_hf_folder(self.model, load_tokenizer(tokenizer_spec), out_dir, extra_config,
+        weights = self.engine.state_model if self.engine is not None else self.model  # fp32 masters where kept
+        save_hf_folder(weights, load_tokenizer(tokenizer_spec), out_dir, extra_config,
                        weights=ema.full_state() if ema is not None else None)
         if self.dist.rank == 0 and is_vision_language(tokenizer_spec):  # the image processor beside the weights
             from rlhfkit.models.vision import load_processor

@@ -207,7 +207,7 @@ def train_offline(cfg: OfflineConfig, dist_info: DistInfo, engine: TrainEngine, 
                 next_pos = (epoch + 1, 0) if done_epoch else (epoch, step_in_epoch + 1)
                 _checkpoint(cfg, engine, tokenizer, global_step, next_pos, best, extra_config)
     bar.close()
-    save_hf_folder(engine.model, tokenizer, cfg.save_path, extra_config)
+    save_hf_folder(engine.state_model, tokenizer, cfg.save_path, extra_config)
     if dist_info.is_main:
         log.info("saved HF model to %s", cfg.save_path)
     metrics_log.close()
@@ -238,10 +238,11 @@ def _resume(cfg: OfflineConfig, engine: TrainEngine, best: BestTracker | None, d
     evaluation so far); returns (global step, epoch, step in epoch) to go on from, (0, 0, 0) when starting fresh."""
     if not cfg.load_checkpoint:
         return 0, 0, 0
-    state = load_checkpoint(cfg.ckpt_path, engine.model, engine.optimizer, engine.scheduler, seed=cfg.seed)
+    state = load_checkpoint(cfg.ckpt_path, engine.state_model, engine.optimizer, engine.scheduler, seed=cfg.seed)
     if state is None:
         log.info("--load_checkpoint: no checkpoint in %s, starting fresh", cfg.ckpt_path)
         return 0, 0, 0
+    engine.after_load()
     global_step, start_epoch, start_in_epoch = state["step"], state["epoch"], state["step_in_epoch"]
     if best is not None:
         best.load_state(state.get("best_metric"))
@@ -254,11 +255,11 @@ def _checkpoint(cfg: OfflineConfig, engine: TrainEngine, tokenizer: Any, global_
                 best: BestTracker | None, extra_config: dict[str, Any] | None) -> None:
     """The full-state checkpoint of `global_step` (resuming at `next_pos` = (epoch, step in epoch)), with the best
     evaluation so far; --save_hf_ckpt: also an HF folder beside it."""
-    save_checkpoint(cfg.ckpt_path, global_step, engine.model, engine.optimizer, engine.scheduler,
+    save_checkpoint(cfg.ckpt_path, global_step, engine.state_model, engine.optimizer, engine.scheduler,
                     {"epoch": next_pos[0], "step_in_epoch": next_pos[1],
                      **({"best_metric": best.state()} if best is not None else {})}, cfg.max_ckpt_num)
     if cfg.save_hf_ckpt:
-        save_hf_folder(engine.model, tokenizer, f"{cfg.ckpt_path}/global_step{global_step}/hf", extra_config)
+        save_hf_folder(engine.state_model, tokenizer, f"{cfg.ckpt_path}/global_step{global_step}/hf", extra_config)
 
 
 def keep_best(best: BestTracker | None, engine: TrainEngine, tokenizer: Any, step: int, eval_metrics: dict[str, float],
@@ -269,6 +270,6 @@ def keep_best(best: BestTracker | None, engine: TrainEngine, tokenizer: Any, ste
     if dist_info.is_main:
         shutil.rmtree(best.staging, ignore_errors=True)
     barrier()
-    save_hf_folder(engine.model, tokenizer, best.staging, extra_config)
+    save_hf_folder(engine.state_model, tokenizer, best.staging, extra_config)
     if dist_info.is_main:
         best.commit()

@@ -1,0 +1,140 @@
+"""The demo's policy training step on SmolLM2-135M in one process, per precision path, with a profile of where the
+time goes: what `perf/mfu_training` measures inside `rlhfkit ppo`, without Ray or vLLM around it.
+
+    .venv/bin/python benchmarks/train_step.py [--steps 4] [--paths fp32,fsdp-bf16,bf16-master] [--profile]
+
+One step = the demo's mini-batch: 4 prompts x 8 samples (prompt 45 tokens, response 24), each prompt's 8 samples
+packed into one row (`rlhfkit.rl.packing`), forward with `packed_response_log_probs` (entropy too), a GRPO-shaped
+token-mean loss, backward, clip, fused AdamW. Paths:
+  fp32        fp32 weights and compute (what auto picks without native bf16)
+  fsdp-bf16   FSDP2 `MixedPrecisionPolicy(param bf16, reduce fp32)` on one gloo rank (rlhfkit's bf16 path)
+  bf16-master bf16 weights for compute, fp32 masters in the optimizer, gradients summed in fp32
+              (`rlhfkit.engine.master_weights`: what rlhfkit does on one rank in half precision)
+Reports the median step time (alternating paths, one sitting) and TFLOP/s against the precision's ceiling
+(`benchmarks/machine.py`). Writes benchmarks/results/train_step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from machine import machine_line, machine_record
+
+RESULTS = Path(__file__).parent / "results"
+PROMPTS, SAMPLES, PROMPT_LEN, RESPONSE_LEN = 4, 8, 45, 24
+
+
+def batches(vocab: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """One micro-batch per prompt: its 8 samples, left-padded prompt + right-padded response (the worker's layout)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(PROMPTS):
+        prompt = torch.randint(0, vocab, (PROMPT_LEN,), generator=g)
+        rows = torch.cat([prompt.expand(SAMPLES, -1), torch.randint(0, vocab, (SAMPLES, RESPONSE_LEN), generator=g)], 1)
+        out.append({"sequences": rows, "attention_mask": torch.ones_like(rows),
+                    "action_mask": torch.ones(SAMPLES, RESPONSE_LEN, dtype=torch.bool),
+                    "advantages": torch.randn(SAMPLES, RESPONSE_LEN, generator=g)})
+    return out
+
+
+def build(path_name: str, model_dir: str):
+    from rlhfkit.models.loading import load_causal_lm
+
+    model = load_causal_lm(model_dir)
+    if path_name == "fp32":
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True), torch.float32, None
+    if path_name == "fsdp-bf16":  # what shard_model did on one rank before the masters (2 ranks still do this)
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        from rlhfkit.engine.fsdp import decoder_layers
+
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in decoder_layers(model):
+            fully_shard(layer, reshard_after_forward=False, mp_policy=policy)
+        fully_shard(model, reshard_after_forward=False, mp_policy=policy)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True), torch.bfloat16, None
+    from rlhfkit.engine.master_weights import MasterWeights
+
+    master = MasterWeights(model, torch.bfloat16)
+    return model, torch.optim.AdamW(master.masters.parameters(), lr=1e-6, fused=True), torch.bfloat16, master
+
+
+def step(model, optimizer, master, mbs, mask_dtype) -> None:
+    from rlhfkit.rl.packing import pack_rollout, packed_response_log_probs
+
+    tokens = sum(float(mb["action_mask"].sum()) for mb in mbs)
+    for mb in mbs:
+        packed = pack_rollout(mb["sequences"], mb["attention_mask"], RESPONSE_LEN)
+        log_probs, _ = packed_response_log_probs(model, packed, 1.0, mask_dtype=mask_dtype, with_entropy=True)
+        ratio = torch.exp(log_probs - log_probs.detach())
+        loss = -(ratio * mb["advantages"] * mb["action_mask"]).sum() / tokens
+        loss.backward()
+    params = list((master.masters if master is not None else model).parameters())
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if master is not None:
+        master.sync_to_model()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--paths", default="fp32,fsdp-bf16,bf16-master")
+    parser.add_argument("--profile", action="store_true", help="a torch.profiler table per path (one step)")
+    args = parser.parse_args()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    from rlhfkit.models.loading import resolve_pretrain
+    from rlhfkit.observability.mfu import FlopModel  # noqa: F401  (the same FLOP count as perf/mfu_training)
+
+    record = machine_record()
+    print(machine_line(record))
+    model_dir = resolve_pretrain("embedded:smollm2-135m-instruct")
+    paths = args.paths.split(",")
+    built = {p: build(p, model_dir) for p in paths}
+    vocab = built[paths[0]][0].config.vocab_size
+    mbs = batches(vocab)
+    params = sum(p.numel() for p in built[paths[0]][0].parameters())
+    packed_tokens = PROMPTS * (PROMPT_LEN + SAMPLES * RESPONSE_LEN)
+    flops = 6 * params * packed_tokens  # forward + backward, the packed tokens (the head on kept positions only: upper bound)
+    times: dict[str, list[float]] = {p: [] for p in paths}
+    for p in paths:  # warm-up
+        model, opt, dtype, master = built[p]
+        step(model, opt, master, mbs, dtype)
+    for _ in range(args.steps):
+        for p in paths:  # alternating
+            model, opt, dtype, master = built[p]
+            began = time.perf_counter()
+            step(model, opt, master, mbs, dtype)
+            times[p].append(time.perf_counter() - began)
+    rows = []
+    for p in paths:
+        ceiling = record["bf16_gflops"] if built[p][2] == torch.bfloat16 else record["fp32_gflops"]
+        med = statistics.median(times[p])
+        rows.append({"path": p, "median_s": round(med, 3), "gflops": round(flops / med / 1e9, 1),
+                     "of_ceiling": round(flops / med / 1e9 / ceiling, 3), "times": [round(t, 3) for t in times[p]]})
+        print(f"{p:12s} median {med:.3f} s  {flops / med / 1e9:7.1f} GFLOP/s  {rows[-1]['of_ceiling']:.1%} of "
+              f"its ceiling ({ceiling:.0f})  steps {rows[-1]['times']}")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        for p in paths:
+            model, opt, dtype, master = built[p]
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                step(model, opt, master, mbs, dtype)
+            print(f"\n== {p}")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=40))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "train_step.json").write_text(json.dumps({"machine": record, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

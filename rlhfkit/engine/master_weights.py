@@ -1,0 +1,67 @@
+"""Half-precision compute weights with fp32 master weights, for a model that trains on one rank.
+
+The model's parameters are cast to the compute dtype once and stay there: every forward and backward runs on them
+without a cast. The fp32 masters live in a structural copy of the model (`masters`, same parameter names and ties),
+which is what the optimizer steps, the checkpoints save and load, the EMA follows and the HF folder is written from,
+so resume stays exact and updates far below the half precision's resolution still accumulate:
+
+    backward:            each parameter's gradient (compute dtype) is added to its master's fp32 `.grad` as soon
+                         as it is accumulated (a post-accumulate hook), so micro-batches sum in fp32
+    optimizer step:      on the masters (clip, AdamW, ...)
+    sync_to_model():     param = round_to_dtype(master), after every step and every checkpoint load
+
+FSDP2's `MixedPrecisionPolicy` computes the same arithmetic, but on one rank it pays per layer and per micro-batch:
+a gather and a cast of every fp32 weight in every forward (and again in backward under zero stage 3) and a reduce of
+every gradient. Here the cast happens once per optimizer step. Measured in `benchmarks/train_step.py` (docs/
+benchmarks.md): the demo's policy step 3.48 s with FSDP2's policy, 2.47 s with this, on a Zen 5 CPU in bf16.
+Only floating-point *parameters* are cast, as FSDP2 does: buffers (a rotary embedding's `inv_freq`) stay fp32.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def cast_parameters(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Cast every floating-point parameter of `model` to `dtype` in place (buffers untouched; ties kept)."""
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
+    return model
+
+
+class MasterWeights:
+    """fp32 masters (`masters`, a copy of the model) of a model whose parameters compute in `dtype`."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
+        self.model = model
+        self.dtype = dtype
+        self.masters = copy.deepcopy(model)  # fp32: the same names, the same ties
+        cast_parameters(model, dtype)
+        self.pairs = list(zip(model.parameters(), self.masters.parameters(), strict=True))
+        self._hooks = [param.register_post_accumulate_grad_hook(self._to_master(master))
+                       for param, master in self.pairs if param.requires_grad]
+
+    @staticmethod
+    def _to_master(master: nn.Parameter) -> Any:
+        def hook(param: torch.Tensor) -> None:
+            if param.grad is None:
+                return
+            if master.grad is None:
+                master.grad = param.grad.float()
+            else:
+                master.grad.add_(param.grad)
+            param.grad = None
+        return hook
+
+    @torch.no_grad()
+    def sync_to_model(self, trainable_only: bool = True) -> None:
+        """Round the masters into the compute parameters: the trainable ones after an optimizer step, all of them
+        after a checkpoint load (`trainable_only=False`)."""
+        for param, master in self.pairs:
+            if param.requires_grad or not trainable_only:
+                param.copy_(master)
