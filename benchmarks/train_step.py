@@ -104,7 +104,8 @@ def main() -> None:
     mbs = batches(vocab)
     params = sum(p.numel() for p in built[paths[0]][0].parameters())
     packed_tokens = PROMPTS * (PROMPT_LEN + SAMPLES * RESPONSE_LEN)
-    flops = 6 * params * packed_tokens  # forward + backward, the packed tokens (the head on kept positions only: upper bound)
+    flops = 6 * params * packed_tokens  # forward + backward over the packed tokens (an upper bound: the head runs on
+    # the kept positions only)
     times: dict[str, list[float]] = {p: [] for p in paths}
     for p in paths:  # warm-up
         model, opt, dtype, master = built[p]

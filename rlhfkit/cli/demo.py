@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval_prompts", type=int, default=64, help="held-out prompts for before/after")
     parser.add_argument("--run_dir", default=None, help="run folder (default runs/demo-<time>)")
     parser.add_argument("--rollout_backend", default="vllm", choices=["vllm", "hf"])
+    parser.add_argument("--seed", type=int, default=DEMO_FLAGS["seed"], help="the run's seed (sampling, data order)")
     return parser
 
 
@@ -49,7 +50,8 @@ def demo_argv(args: argparse.Namespace, run_dir: Path) -> list[str]:
     train = write_jsonl(arithmetic_rows(count, seed=1, system=SYSTEM), data / "train.jsonl")
     held_out = write_jsonl(arithmetic_rows(args.eval_prompts, seed=1000, system=SYSTEM), data / "eval.jsonl")
     flags = {**DEMO_FLAGS, "pretrain": args.pretrain, "prompt_data": train, "eval_dataset": held_out,
-             "run_dir": str(run_dir), "save_path": str(run_dir / "model"), "rollout_backend": args.rollout_backend}
+             "run_dir": str(run_dir), "save_path": str(run_dir / "model"), "rollout_backend": args.rollout_backend,
+             "seed": args.seed}
     return flags_to_argv(flags)
 
 
