@@ -38,10 +38,10 @@ demo: $(STAMP)
 # The default suite (unit, integration and the cluster tests of docs/cluster.md) stays under 20 minutes on a
 # 2-core CPU; the end-to-end runs marked `slow` are the second tier. CI (.ci/run) runs both, one after the other.
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" --durations=20
+	$(PY) -m pytest -q -m "not slow" --durations=20 --timeout 300
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow --durations=20
+	$(PY) -m pytest -q -m slow --durations=20 --timeout 900
 
 test-all: test test-slow
 

@@ -76,8 +76,9 @@ def write_trace(err: BaseException) -> Path | None:
             path = Path(handler.baseFilename).parent / "error.txt"
             text = "".join(traceback.format_exception(err))
             path.write_text(text)
-            handler.stream.write(text)
             handler.flush()
+            with open(handler.baseFilename, "a") as log_file:
+                log_file.write(text)
             return path
     return None
 
