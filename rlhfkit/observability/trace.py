@@ -89,6 +89,12 @@ def _components(extra_logs: dict[str, Any], rows: int) -> list[dict[str, Any]]:
     return out
 
 
+def _failure(rollout: Any, row: int) -> str | None:
+    """The reason the reward of `row` failed (the sample scored 0 for it; rlhfkit.rewards.base), None when fine."""
+    reasons = getattr(rollout, "reward_failure", None) or []
+    return (reasons[row] or None) if row < len(reasons) else None
+
+
 def _rounded(values: torch.Tensor) -> list[float | None]:
     return [None if not math.isfinite(v) else round(v, 6) for v in values.tolist()]
 
@@ -116,6 +122,7 @@ def trace_rows(step: int, rollout: Any, exp: Any, tokenizer: Any, *,
             "finish_reason": sample.finish_reason, "response_length": width, "trained_tokens": trained,
             "turns": sample.extra.get("turns"),
             "reward": _number(exp.rewards[i]), "reward_components": components[i] or None,
+            "reward_failure": _failure(rollout, i),
             "score": _number(exp.scores[i]) if exp.scores is not None else None,
             "advantage": None, "advantage_first": None,
             "loss_weight": None if weights is None else round(float(weights[i]), 8),

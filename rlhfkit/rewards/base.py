@@ -9,12 +9,19 @@ A *reward source* is a callable ``source(queries, prompts, labels) -> RewardOutp
 :class:`RewardOutput` carries ``rewards`` (float32 ``[B]``, used for training), ``scores`` (float32 ``[B]``, used for
 dynamic filtering and logging, OpenRLHF's convention; equal to ``rewards`` unless the source says otherwise),
 ``extra_logs`` (per-sample values: float32 tensors ``[B]`` or lists of length ``B``) and ``failed`` (how many
-samples were scored 0 under ``--reward_error_policy zero``).
+samples were scored 0 because of a failure).
+
+A failure that belongs to one sample (a verifier that cannot parse its number, a program whose output is not UTF-8 or
+that runs past its time, a culprit under ``--reward_error_policy zero``) costs that sample, not the run: its reward
+is 0 and ``extra_logs["reward_failure"]`` holds a short reason (``""`` when fine), which the online loop counts in
+``reward/failed_<reason>`` and writes to samples.jsonl. A source that is down (an unreachable reward server) is not a
+sample's failure: it raises.
 """
 
 from __future__ import annotations
 
 import numbers
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -23,6 +30,9 @@ import torch
 
 ERROR_POLICIES = ("raise", "zero")
 QUERY_PREVIEW_CHARS = 200
+FAILURE_KEY = "reward_failure"  # extra_logs: per-sample failure reason ("" when fine)
+_REASON_CHARS = re.compile(r"[^a-z0-9_]+")
+REASON_MAX_CHARS = 40
 
 
 @dataclass
@@ -175,3 +185,33 @@ def concat_outputs(parts: Sequence[RewardOutput]) -> RewardOutput:
             logs[key] = [x for v in values for x in (v.tolist() if isinstance(v, torch.Tensor) else v)]
     return RewardOutput(torch.cat([p.rewards for p in parts]), torch.cat([p.scores for p in parts]), logs,
                         sum(p.failed for p in parts))
+
+
+def reason_name(reason: Any) -> str:
+    """A failure reason as a metric-safe name: lowercase ``[a-z0-9_]``, at most 40 characters (``"unknown"`` if
+    nothing is left)."""
+    name = _REASON_CHARS.sub("_", str(reason).strip().lower()).strip("_")[:REASON_MAX_CHARS].strip("_")
+    return name or "unknown"
+
+
+def failure_reasons(out: RewardOutput) -> list[str]:
+    """Per-sample failure reasons of ``out`` (``extra_logs["reward_failure"]``; ``""`` when fine, also for a source
+    that reports none). Several reasons of one sample (combined sources) are joined with ``","``."""
+    column = out.extra_logs.get(FAILURE_KEY)
+    if column is None or isinstance(column, torch.Tensor):
+        return [""] * len(out)
+    return ["" if r is None else str(r) for r in column]
+
+
+def failure_counts(reasons: Sequence[str]) -> dict[str, int]:
+    """How many samples failed for each reason (a sample with several reasons counts once for each)."""
+    counts: dict[str, int] = {}
+    for joined in reasons:
+        for reason in {reason_name(r) for r in str(joined or "").split(",") if r.strip()}:
+            counts[reason] = counts.get(reason, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def failure_metrics(counts: Mapping[str, int], prefix: str = "reward/failed_") -> dict[str, float]:
+    """``{"reward/failed_<reason>": count}`` for the metrics log."""
+    return {f"{prefix}{reason}": float(n) for reason, n in sorted(counts.items())}

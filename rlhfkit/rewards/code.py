@@ -10,11 +10,18 @@ response. The label (a dict, or a JSON string of one) says how to test it:
   stdout equals the expected output (trailing whitespace of each line and trailing blank lines ignored).
 
 Reward = the fraction of cases that pass; score = 1.0 when all pass, else 0.0 (pass@k counts whole solutions).
-``extra_logs``: ``code_pass_rate``, ``code_has_block`` (a fenced block was found), ``code_timeouts``.
+``extra_logs``: ``code_pass_rate``, ``code_has_block`` (a fenced block was found), ``code_timeouts``,
+``reward_failure``.
+
+Failures that belong to one sample cost that sample alone (reward and score 0, the reason in
+``extra_logs["reward_failure"]``, counted by the online loop in ``reward/failed_<reason>``): a case that runs past
+``timeout`` seconds (``timeout``; the limit is per program run, so a slow sample never holds up the batch beyond its
+own cases) and a case whose stdout is not UTF-8 (``undecodable_output``). A sample's first such reason is given.
 
 Each case runs ``python -I -S`` (isolated: no user site, no environment variables, no current directory on the
 path) in a fresh empty temporary directory, with an empty environment, ``RLIMIT_AS`` = ``memory_mb``,
-``RLIMIT_CPU`` and a wall-clock ``timeout``, ``RLIMIT_FSIZE`` = 16 MiB, and no stdin beyond the case's input.
+``RLIMIT_CPU`` and a wall-clock ``timeout`` (``--reward_timeout`` for ``builtin:code``; at the timeout the process
+group is killed), ``RLIMIT_FSIZE`` = 16 MiB, and no stdin beyond the case's input.
 Cases of a batch run concurrently (``workers``, default the CPU count). **This is resource limiting, not a
 security boundary**: the program can still read files the user can read and open network connections. Train on
 untrusted generations at scale behind a container or a sandbox service (`--remote_rm_url http://...`).
@@ -26,6 +33,7 @@ import json
 import os
 import re
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +46,7 @@ from rlhfkit.rewards.base import response_of
 
 FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 FILE_LIMIT = 16 * 2**20
+TIMEOUT, UNDECODABLE = "timeout", "undecodable_output"  # per-sample failure reasons (extra_logs["reward_failure"])
 
 
 @dataclass(frozen=True)
@@ -98,30 +107,57 @@ def _limited_command(source: str, memory_mb: int, cpu_seconds: int) -> list[str]
     return [sys.executable, "-I", "-S", "-c", runner, source]
 
 
-def run_case(program: str, case: Case, *, timeout: float = 5.0, memory_mb: int = 512) -> tuple[bool, bool]:
-    """(passed, timed out) of one case in a fresh limited subprocess. An assertion case passes only when the
-    process exits 0 *after* the assertions ran: a random token printed after them must end stdout, so a program
-    that calls `sys.exit(0)` (or `os._exit(0)`) before the appended tests does not pass them."""
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the case's process group (the child leads its own session), then the child itself."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:  # already gone
+        pass
+    proc.kill()
+
+
+def check_case(program: str, case: Case, *, timeout: float = 5.0, memory_mb: int = 512) -> tuple[bool, str]:
+    """(passed, failure reason) of one case in a fresh limited subprocess; the reason is ``""``, ``"timeout"`` (ran
+    past ``timeout`` s: its process group is killed) or ``"undecodable_output"`` (stdout is not UTF-8). An
+    assertion case passes only when the process exits 0 *after* the assertions ran: a random token printed after
+    them must end stdout, so a program that calls `sys.exit(0)` (or `os._exit(0)`) before the appended tests does
+    not pass them."""
     reached = secrets.token_hex(16)
     source = program if not case.append else \
         f"{program}\n\n{case.append}\n\nimport sys as _rlhfkit_sys\n_rlhfkit_sys.stdout.write('\\n{reached}\\n')\n"
     with tempfile.TemporaryDirectory(prefix="rlhfkit_code_") as workdir:
-        try:
-            done = subprocess.run(_limited_command(source, memory_mb, max(1, int(timeout) + 1)), input=case.stdin,
-                                  capture_output=True, text=True, timeout=timeout, cwd=workdir, env={},
-                                  start_new_session=True)
-        except subprocess.TimeoutExpired:
-            return False, True
-    if done.returncode != 0:
-        return False, False
+        with subprocess.Popen(_limited_command(source, memory_mb, max(1, int(timeout) + 1)), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=workdir, env={},
+                              start_new_session=True) as proc:
+            try:
+                raw, _ = proc.communicate(case.stdin.encode("utf-8", "surrogateescape"), timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                try:  # a descendant that left the group may still hold stdout open: do not wait for it
+                    proc.communicate(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    pass
+                return False, TIMEOUT
+    try:
+        stdout = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False, UNDECODABLE
+    if proc.returncode != 0:
+        return False, ""
     if case.expected_stdout is None:
-        return not case.append or done.stdout.rstrip().endswith(reached), False
-    return _normalize_output(done.stdout) == _normalize_output(case.expected_stdout), False
+        return not case.append or stdout.rstrip().endswith(reached), ""
+    return _normalize_output(stdout) == _normalize_output(case.expected_stdout), ""
+
+
+def run_case(program: str, case: Case, *, timeout: float = 5.0, memory_mb: int = 512) -> tuple[bool, bool]:
+    """(passed, timed out) of one case (:func:`check_case`)."""
+    passed, reason = check_case(program, case, timeout=timeout, memory_mb=memory_mb)
+    return passed, reason == TIMEOUT
 
 
 def make_code_reward_func(timeout: float = 5.0, memory_mb: int = 512,
                           workers: int | None = None) -> Callable[..., dict[str, Any]]:
-    """The `builtin:code` reward_func (see the module docstring)."""
+    """The `builtin:code` reward_func (see the module docstring); ``timeout``: seconds per program run (case)."""
     def code_reward_func(queries: list[str], prompts: list[str], labels: list[Any]) -> dict[str, Any]:
         if labels is None or any(label is None for label in labels):
             raise ValueError("builtin:code needs a label with the tests of every sample (set --label_key)")
@@ -129,16 +165,20 @@ def make_code_reward_func(timeout: float = 5.0, memory_mb: int = 512,
         jobs = [(i, program, case) for i, ((program, _), label) in enumerate(zip(programs, labels))
                 for case in parse_cases(label, i)]
         with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
-            results = list(pool.map(lambda job: run_case(job[1], job[2], timeout=timeout, memory_mb=memory_mb),
+            results = list(pool.map(lambda job: check_case(job[1], job[2], timeout=timeout, memory_mb=memory_mb),
                                     jobs))
-        passed, total, timeouts = [0] * len(queries), [0] * len(queries), [0] * len(queries)
-        for (i, _, _), (ok, timed_out) in zip(jobs, results):
+        n = len(queries)
+        passed, total, timeouts, failures = [0] * n, [0] * n, [0] * n, [""] * n
+        for (i, _, _), (ok, reason) in zip(jobs, results):
             passed[i] += ok
             total[i] += 1
-            timeouts[i] += timed_out
+            timeouts[i] += reason == TIMEOUT
+            failures[i] = failures[i] or reason
         rates = [p / t if t else 0.0 for p, t in zip(passed, total)]
-        return {"rewards": rates, "scores": [float(p == t and t > 0) for p, t in zip(passed, total)],
+        rewards = [0.0 if f else r for r, f in zip(rates, failures)]
+        scores = [float(p == t and t > 0 and not f) for p, t, f in zip(passed, total, failures)]
+        return {"rewards": rewards, "scores": scores,
                 "extra_logs": {"code_pass_rate": rates, "code_has_block": [float(b) for _, b in programs],
-                               "code_timeouts": [float(t) for t in timeouts]}}
+                               "code_timeouts": [float(t) for t in timeouts], "reward_failure": failures}}
 
     return code_reward_func

@@ -14,7 +14,14 @@ recursively, left first) down to single samples to find the culprit. A call that
 directly. With ``error_policy="raise"`` (default) the first culprit stops the run with a :class:`RewardFuncError`
 naming ``file:function``, the sample index and the start of its query, chained to the original exception. With
 ``error_policy="zero"`` culprits score 0, ``RewardOutput.failed`` counts them, and ``extra_logs["reward_failed"]``
-(1.0 per failed sample) and ``extra_logs["reward_error"]`` (the reason, ``""`` when fine) say which and why.
+(1.0 per failed sample), ``extra_logs["reward_error"]`` (the message, ``""`` when fine) and
+``extra_logs["reward_failure"]`` (a short reason: ``error``, ``timeout``, ``malformed``, ``nonfinite``) say which and
+why.
+
+Per-sample failures the function itself reports are not errors of the function: it returns
+``extra_logs["reward_failure"]``, one short reason per sample (``""`` or None when fine; the built-ins use
+``number_too_long``, ``unparseable_number``, ``undecodable_output``, ``timeout``). Under either policy those samples
+score 0 (reward and score), count in ``failed``, and get ``reward_failed`` 1.0 and the reason in ``reward_error``.
 
 Timeouts run the call in a daemon **thread** (``threading.Thread`` + ``join(timeout)``), not a subprocess: the user's
 function, its imports and module state (a loaded verifier, a tokenizer, a cache) stay in-process, and queries need
@@ -40,9 +47,11 @@ import torch
 from rlhfkit.errors import RewardFuncError
 from rlhfkit.rewards.base import (
     ERROR_POLICIES,
+    FAILURE_KEY,
     RewardOutput,
     check_batch,
     concat_outputs,
+    failure_counts,
     nonfinite_indices,
     normalize_extra_logs,
     sample_ref,
@@ -59,11 +68,12 @@ FILE_SHAPE = ("a reward file must define `def reward_func(queries, prompts, labe
 
 
 class _CallFailed(Exception):
-    """A whole call failed (raised, timed out, malformed result). ``cause`` is the user's exception, if any."""
+    """A whole call failed (raised, timed out, malformed result). ``cause`` is the user's exception, if any;
+    ``code`` the short reason a culprit gets under the ``zero`` policy (``error``, ``timeout``, ``malformed``)."""
 
-    def __init__(self, reason: str, cause: BaseException | None = None) -> None:
+    def __init__(self, reason: str, cause: BaseException | None = None, code: str = "malformed") -> None:
         super().__init__(reason)
-        self.reason, self.cause = reason, cause
+        self.reason, self.cause, self.code = reason, cause, code
 
 
 def load_reward_func(path: str | Path, func_name: str = FUNC_NAME) -> Callable[..., Any]:
@@ -80,7 +90,7 @@ def call_with_timeout(func: Callable[..., Any], args: tuple, timeout: float | No
         try:
             return func(*args)
         except Exception as err:
-            raise _CallFailed(f"raised {type(err).__name__}: {err}", err) from err
+            raise _CallFailed(f"raised {type(err).__name__}: {err}", err, "error") from err
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -94,10 +104,10 @@ def call_with_timeout(func: Callable[..., Any], args: tuple, timeout: float | No
     thread.join(timeout)
     if thread.is_alive():
         raise _CallFailed(f"timed out after {timeout:g} s (--reward_timeout); the call keeps running in a "
-                          "background thread")
+                          "background thread", code="timeout")
     if "error" in box:
         raised = box["error"]
-        raise _CallFailed(f"raised {type(raised).__name__}: {raised}", raised)
+        raise _CallFailed(f"raised {type(raised).__name__}: {raised}", raised, "error")
     return box.get("value")
 
 
@@ -135,9 +145,10 @@ class RewardFuncSource:
         batch = check_batch(queries, prompts, labels, f"reward function {self.name}")
         out = self._score(list(range(len(batch[0]))), batch, batch_failure=None)
         if out.failed:
-            logger.warning("reward function %s: %d of %d samples failed and were scored 0 "
-                           "(--reward_error_policy zero); reasons in extra_logs[%r]",
-                           self.name, out.failed, len(out), ERROR_KEY)
+            reasons = failure_counts(out.extra_logs[FAILURE_KEY])  # type: ignore[arg-type]  # a list column
+            logger.warning("reward function %s: %d of %d samples failed and were scored 0 (%s); messages in "
+                           "extra_logs[%r]", self.name, out.failed, len(out),
+                           ", ".join(f"{k}: {v}" for k, v in reasons.items()), ERROR_KEY)
         return out
 
     # -- internals ---------------------------------------------------------------------------------------------
@@ -179,9 +190,15 @@ class RewardFuncSource:
         for key, values in (("rewards", rewards), ("scores", scores)):
             if values.shape[0] != n:
                 raise _CallFailed(f"returned {values.shape[0]} {key} for a batch of {n} samples")
-        logs[FAILED_KEY] = torch.zeros(n)
-        logs[ERROR_KEY] = [""] * n
-        return RewardOutput(rewards, scores.clone() if scores is rewards else scores, logs)
+        reasons = _reported_failures(logs.pop(FAILURE_KEY, None), n)
+        scores = scores.clone() if scores is rewards else scores
+        failed = [i for i, reason in enumerate(reasons) if reason]
+        rewards[failed] = 0.0
+        scores[failed] = 0.0
+        logs[FAILED_KEY] = torch.tensor([float(bool(r)) for r in reasons])
+        logs[ERROR_KEY] = list(reasons)
+        logs[FAILURE_KEY] = list(reasons)
+        return RewardOutput(rewards, scores, logs, failed=len(failed))
 
     def _check_finite(self, idx: list[int], queries: list[str], out: RewardOutput) -> RewardOutput:
         """Per-sample NaN/inf: raise naming the sample, or zero it (policy ``zero``)."""
@@ -195,9 +212,10 @@ class RewardFuncSource:
                                       f"{sample_ref(idx[local], queries[idx[local]])}")
             out.rewards[local] = out.scores[local] = 0.0
             out.extra_logs[FAILED_KEY][local] = 1.0
-            errors = out.extra_logs[ERROR_KEY]
-            assert isinstance(errors, list)  # the reasons column is a list of strings
+            errors, codes = out.extra_logs[ERROR_KEY], out.extra_logs[FAILURE_KEY]
+            assert isinstance(errors, list) and isinstance(codes, list)  # the reasons columns are lists of strings
             errors[local] = reason
+            codes[local] = "nonfinite"
             out.failed += 1
         return out
 
@@ -209,7 +227,8 @@ class RewardFuncSource:
                 f" (found by re-calling sub-batches after the batch of {batch_size} failed: {first.reason})"
             raise RewardFuncError(f"reward function {self.name} failed on {sample_ref(index, query)}: "
                                   f"{failure.reason}{context}") from failure.cause
-        logs: dict[str, torch.Tensor | list] = {FAILED_KEY: torch.ones(1), ERROR_KEY: [failure.reason]}
+        logs: dict[str, torch.Tensor | list] = {FAILED_KEY: torch.ones(1), ERROR_KEY: [failure.reason],
+                                                FAILURE_KEY: [failure.code]}
         return RewardOutput(torch.zeros(1), torch.zeros(1), logs, failed=1)
 
     def _irreproducible(self, size: int, first: _CallFailed) -> None:
@@ -222,7 +241,17 @@ class RewardFuncSource:
 
 
 def _empty() -> RewardOutput:
-    return RewardOutput(torch.zeros(0), torch.zeros(0), {FAILED_KEY: torch.zeros(0), ERROR_KEY: []})
+    return RewardOutput(torch.zeros(0), torch.zeros(0), {FAILED_KEY: torch.zeros(0), ERROR_KEY: [], FAILURE_KEY: []})
+
+
+def _reported_failures(column: Any, n: int) -> list[str]:
+    """The function's own ``extra_logs["reward_failure"]``: one reason per sample (str, ``""`` / None when fine)."""
+    if column is None:
+        return [""] * n
+    if isinstance(column, torch.Tensor) or any(r is not None and not isinstance(r, str) for r in column):
+        raise _CallFailed(f"returned a malformed result: extra_logs[{FAILURE_KEY!r}] must hold one reason string "
+                          "per sample ('' or None when the sample did not fail)")
+    return ["" if r is None else r.strip() for r in column]
 
 
 def _concat_filled(parts: list[RewardOutput]) -> RewardOutput:

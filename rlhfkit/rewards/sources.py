@@ -11,7 +11,11 @@ A spec list is the comma-separated values of ``--reward_pretrain`` and ``--remot
 Several sources are combined per sample by :func:`combine`: ``mean`` (default) or ``sum`` of their rewards, or with
 ``weights`` a weighted sum ``sum_i w_i * r_i``. Scores combine the same way. Each source's own rewards and logs
 are kept in ``extra_logs`` under ``"<source name>/..."`` (a repeated name gets ``#2``, ...); ``failed`` adds the
-sources' counts.
+sources' counts, and ``extra_logs["reward_failure"]`` joins each sample's failure reasons (``","``).
+
+``builtin:code`` bounds each program it runs by ``--reward_timeout`` (a program over it scores 0 with the reason
+``timeout``), so its calls get no batch deadline; every other reward_func and built-in gets ``--reward_timeout``
+per call.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.rewards.base import RewardOutput, RewardSource, check_batch
+from rlhfkit.rewards.base import FAILURE_KEY, RewardOutput, RewardSource, check_batch, failure_reasons
 from rlhfkit.rewards.remote import RemoteRewardClient, remote_timeout
 from rlhfkit.rewards.reward_func import DEFAULT_TIMEOUT, RewardFuncSource
 from rlhfkit.rewards.reward_model import RewardModelSource
@@ -74,11 +78,24 @@ def build_reward_source(specs: str | Sequence[str], *, timeout: float | None = D
         elif kind == "file":
             sources.append(RewardFuncSource.from_file(spec, timeout=timeout, error_policy=error_policy))
         elif kind == "builtin":
-            func = get_builtin(spec[len(BUILTIN_PREFIX):], format_pattern=format_pattern)
-            sources.append(RewardFuncSource(func, spec, timeout=timeout, error_policy=error_policy))
+            sources.append(builtin_source(spec, timeout=timeout, error_policy=error_policy,
+                                          format_pattern=format_pattern))
         else:
             sources.append(RewardModelSource(spec, **(model_kwargs or {})))
     return sources[0] if len(sources) == 1 and weights is None else CombinedSource(sources, combine_rule, weights)
+
+
+def builtin_source(spec: str, *, timeout: float | None = DEFAULT_TIMEOUT, error_policy: str = "raise",
+                   format_pattern: str | None = None) -> RewardFuncSource:
+    """The source of a ``builtin:NAME`` spec. ``timeout`` (``--reward_timeout``) bounds each call, except for
+    ``builtin:code``, which bounds each program it runs by it (0 or None: 60 s) and so gets no batch deadline."""
+    name = spec[len(BUILTIN_PREFIX):]
+    if name == "code":
+        program_timeout = float(timeout) if timeout and timeout > 0 else DEFAULT_TIMEOUT
+        func = get_builtin(name, program_timeout=program_timeout)
+        return RewardFuncSource(func, spec, timeout=None, error_policy=error_policy)
+    func = get_builtin(name, format_pattern=format_pattern)
+    return RewardFuncSource(func, spec, timeout=timeout, error_policy=error_policy)
 
 
 @dataclass(frozen=True)
@@ -141,6 +158,8 @@ def combine(outputs: Sequence[RewardOutput], names: Sequence[str], rule: str = "
     for name, out in zip(unique_names(names), outputs):
         logs[f"{name}/reward"] = out.rewards
         logs.update({f"{name}/{key}": value for key, value in out.extra_logs.items()})
+    per_source = [failure_reasons(o) for o in outputs]
+    logs[FAILURE_KEY] = [",".join(r for r in sample if r) for sample in zip(*per_source)]
     return RewardOutput(rewards, scores, logs, sum(o.failed for o in outputs))
 
 

@@ -10,6 +10,9 @@ timeout, validation and error policy (:class:`rlhfkit.rewards.reward_func.Reward
   commas; they are compared exactly as fractions (relative tolerance 1e-9 for float labels). A label may be a
   number or a string (a number, ``\\boxed{..}``, or GSM8K's ``... #### 42``); non-numeric answers are compared
   as text (whitespace removed, case folded). Reward 1.0 / 0.0; no answer -> 0.0. A None label is an error.
+  A number too long for Python's integer conversion (over ``sys.get_int_max_str_digits()``, 4,300 digits by
+  default) in the answer or the label fails that sample alone: reward 0 and ``extra_logs["reward_failure"]``
+  ``number_too_long`` (another arithmetic error: ``unparseable_number``).
 * ``format``: 1.0 when the response matches ``<think>...</think><answer>...</answer>`` (whitespace around allowed),
   or a user regex (``format_pattern``, matched with ``re.search`` and ``re.DOTALL``; anchor it with ``^...$``).
 * ``exact``: 1.0 when the stripped response equals the stripped label.
@@ -18,6 +21,7 @@ timeout, validation and error policy (:class:`rlhfkit.rewards.reward_func.Reward
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
@@ -103,6 +107,24 @@ def math_equal(answer: str | None, label: Any) -> bool:
     return False
 
 
+_DIGIT_RUN = re.compile(r"\d+")
+
+
+def _too_long(*texts: Any) -> bool:
+    """Whether a text holds a digit run over Python's int-string conversion limit (0: no limit)."""
+    limit = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
+    return bool(limit) and any(len(run) > limit for t in texts for run in _DIGIT_RUN.findall(str(t)))
+
+
+def math_verdict(answer: str | None, label: Any) -> tuple[float, str]:
+    """(reward, failure reason) of one sample: ``math_equal`` as 1.0 / 0.0 with ``""``, or 0.0 with
+    ``number_too_long`` / ``unparseable_number`` when comparing the numbers fails."""
+    try:
+        return float(math_equal(answer, label)), ""
+    except (ValueError, ArithmeticError):
+        return 0.0, "number_too_long" if _too_long(answer, label_answer(label)) else "unparseable_number"
+
+
 def _require_labels(labels: list[Any] | None, n: int, name: str) -> list[Any]:
     if labels is None or any(label is None for label in labels):
         index = 0 if labels is None else next(i for i, label in enumerate(labels) if label is None)
@@ -116,9 +138,11 @@ def math_reward_func(queries: list[str], prompts: list[str], labels: list[Any]) 
     """1.0 when the response's answer (last boxed, else final number) equals the label, else 0.0."""
     labels = _require_labels(labels, len(queries), "builtin:math")
     answers = [extract_answer(response_of(q, p)) for q, p in zip(queries, prompts)]
-    rewards = [float(math_equal(a, label)) for a, label in zip(answers, labels)]
+    verdicts = [math_verdict(a, label) for a, label in zip(answers, labels)]
+    rewards = [reward for reward, _ in verdicts]
     return {"rewards": rewards, "scores": rewards,
-            "extra_logs": {"math_has_answer": [float(a is not None) for a in answers]}}
+            "extra_logs": {"math_has_answer": [float(a is not None) for a in answers],
+                           "reward_failure": [reason for _, reason in verdicts]}}
 
 
 def make_format_reward_func(pattern: str | None = None) -> Callable[..., dict[str, Any]]:
@@ -150,8 +174,10 @@ BUILTINS: dict[str, str] = {
 }
 
 
-def get_builtin(name: str, *, format_pattern: str | None = None) -> Callable[..., dict[str, Any]]:
-    """The reward_func of a built-in verifier by name; a clear error listing the names otherwise."""
+def get_builtin(name: str, *, format_pattern: str | None = None,
+                program_timeout: float | None = None) -> Callable[..., dict[str, Any]]:
+    """The reward_func of a built-in verifier by name; a clear error listing the names otherwise.
+    ``program_timeout``: seconds each program of ``builtin:code`` may run (None: its default)."""
     if name == "math":
         return math_reward_func
     if name == "format":
@@ -161,6 +187,6 @@ def get_builtin(name: str, *, format_pattern: str | None = None) -> Callable[...
     if name == "code":
         from rlhfkit.rewards.code import make_code_reward_func
 
-        return make_code_reward_func()
+        return make_code_reward_func() if program_timeout is None else make_code_reward_func(timeout=program_timeout)
     known = ", ".join(f"builtin:{k} ({v})" for k, v in BUILTINS.items())
     raise ValueError(f"unknown built-in reward 'builtin:{name}'; known: {known}")

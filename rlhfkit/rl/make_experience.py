@@ -23,6 +23,7 @@ from rlhfkit.algorithms.offpolicy import logprob_mismatch
 from rlhfkit.algorithms.rewards import length_penalties
 from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.plan import kl_mode_of
+from rlhfkit.rewards.base import failure_counts, failure_reasons
 from rlhfkit.rl.experience import Experience, build_experience
 from rlhfkit.rl.group import run_side_by_side
 from rlhfkit.rollout.dispatch import generate_on_engines
@@ -67,6 +68,10 @@ class Rollout:
     texts: list[str]
     reward_failed: int = 0
     extra_logs: dict[str, Any] = field(default_factory=dict)
+    # per row: the reward's failure reason ("" when fine; extra_logs["reward_failure"], rlhfkit.rewards.base), kept
+    # row-aligned through dynamic filtering; and the counts per reason over every sample scored (filtered ones too)
+    reward_failure: list[str] = field(default_factory=list)
+    reward_failures: dict[str, int] = field(default_factory=dict)
 
 
 def generate_and_score(engines: list[Any], prompts: list[dict[str, Any]], sampling: SamplingConfig,
@@ -109,7 +114,9 @@ def generate_and_score(engines: list[Any], prompts: list[dict[str, Any]], sampli
     else:
         raise ValueError("generate_and_score: no reward_fn (only an agent's episodes reward themselves)")
     timer.add("reward", began)
-    return Rollout(prompts, samples, out.rewards.float(), out.scores.float(), texts, out.failed, out.extra_logs)
+    reasons = failure_reasons(out)
+    return Rollout(prompts, samples, out.rewards.float(), out.scores.float(), texts, out.failed, out.extra_logs,
+                   reasons, failure_counts(reasons))
 
 
 def _agent_rollout(engines: list[Any], prompts: list[dict[str, Any]], sampling: SamplingConfig, agent: AgentSpec,
@@ -140,8 +147,10 @@ def select_groups(rollout: Rollout, groups: list[int], n: int) -> Rollout:
     samples = []
     for r in rows:
         samples.append(replace(rollout.samples[r], prompt_index=prompt_map[rollout.samples[r].prompt_index]))
+    reasons = [rollout.reward_failure[r] for r in rows] if rollout.reward_failure else []
     return Rollout([rollout.prompts[g] for g in groups], samples, rollout.rewards[index], rollout.scores[index],
-                   [rollout.texts[r] for r in rows], rollout.reward_failed, rollout.extra_logs)
+                   [rollout.texts[r] for r in rows], rollout.reward_failed, rollout.extra_logs, reasons,
+                   dict(rollout.reward_failures))
 
 
 def merge_rollouts(parts: list[Rollout]) -> Rollout:
@@ -151,8 +160,14 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
         prompts += part.prompts
         texts += part.texts
         offset += len(part.prompts)
+    counts: dict[str, int] = {}
+    for part in parts:
+        for reason, n in part.reward_failures.items():
+            counts[reason] = counts.get(reason, 0) + n
+    reasons = [r for p in parts for r in (p.reward_failure or [""] * len(p.samples))]
     return Rollout(prompts, samples, torch.cat([p.rewards for p in parts]), torch.cat([p.scores for p in parts]),
-                   texts, sum(p.reward_failed for p in parts), parts[0].extra_logs if parts else {})
+                   texts, sum(p.reward_failed for p in parts), parts[0].extra_logs if parts else {}, reasons,
+                   dict(sorted(counts.items())))
 
 
 def to_experience(rollout: Rollout, pad_token_id: int) -> Experience:

@@ -28,6 +28,7 @@ from rlhfkit.observability.metrics import MetricsLogger, is_extremum, merge_metr
 from rlhfkit.observability.mfu import mfu
 from rlhfkit.observability.placement import collect_whereabouts, record_placement
 from rlhfkit.observability.trace import add_loss_weights, take_trainer_mismatch, write_step_trace
+from rlhfkit.rewards.base import failure_metrics
 from rlhfkit.rl.async_rollout import (
     EngineGate,
     RolloutQueue,
@@ -236,6 +237,7 @@ def rollout_metrics(rollout: Rollout, exp: Experience) -> dict[str, float]:
     for key, value in rollout.extra_logs.items():
         if isinstance(value, torch.Tensor) and value.numel() and value.dtype.is_floating_point:
             metrics[f"reward/{key}"] = float(value.float().mean())
+    metrics.update(failure_metrics(rollout.reward_failures))  # reward/failed_<reason>: samples scored 0 for it
     return metrics
 
 
@@ -267,8 +269,10 @@ def _write_samples(s: RLSetup, step: int, rollout: Rollout, kind: str, limit: in
     with (Path(need(s.cfg.run_dir, "--run_dir")) / "samples.jsonl").open("a") as f:
         for i in rows:
             prompt = rollout.prompts[rollout.samples[i].prompt_index]
+            failure = rollout.reward_failure[i] if rollout.reward_failure else ""
             f.write(json.dumps({"step": step, "kind": kind, "prompt": prompt["prompt"], "response": rollout.texts[i],
-                                "reward": float(rollout.rewards[i]), "label": prompt.get("label")}) + "\n")
+                                "reward": float(rollout.rewards[i]), "label": prompt.get("label"),
+                                "reward_failure": failure or None}) + "\n")
 
 
 def eval_metric_keys(cfg: PPOConfig) -> list[str]:
