@@ -66,13 +66,23 @@ def write_data(folder: Path, count: int, seed: int) -> Path:
     return path
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    """This script's flags, and the rest for `rlhfkit ppo`: everything it does not know, and everything after `--`
+    (argparse keeps that `--` among the rest; it is dropped here, `rlhfkit ppo` would refuse it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pretrain", default=None, help="a vision-language HF folder (default: the tiny one)")
     parser.add_argument("--prompts", type=int, default=96, help="images (8 per step: 12 steps by default)")
     parser.add_argument("--out", default="runs/vlm-colours")
     parser.add_argument("--seed", type=int, default=0)
-    args, extra = parser.parse_known_args()
+    args, extra = parser.parse_known_args(argv)
+    if "--" in extra:
+        cut = extra.index("--")
+        extra = extra[:cut] + extra[cut + 1:]
+    return args, extra
+
+
+def main() -> None:
+    args, extra = parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     pretrain = args.pretrain

@@ -6,10 +6,11 @@ context of turn k is the episode's token ids so far, `prompt + action_1 + feedba
 sampled tokens are never decoded and re-encoded, so the trainer scores exactly the tokens the engine sampled.
 Environment feedback is tokenised once, appended with `action_mask` False and log-prob 0.
 
-Budget: the whole response (actions and feedback) of an episode is at most `sampling.max_new_tokens`
-(`--generate_max_len`) tokens, and one action at most `action_max_len` (`--agent_action_max_len`; default: what is
-left of the budget). An action that runs into the budget is cut there and stepped anyway (finish "length");
-feedback that would leave no room for another action ends the episode without being appended.
+Budget: the whole response (actions and feedback) of an episode is at most `sampling.new_tokens(prompt length)`
+tokens (`--generate_max_len`, capped by what `--max_len` leaves), and one action at most `action_max_len`
+(`--agent_action_max_len`; default: what is left of the budget). An action that runs into the budget is cut there
+and stepped anyway (finish "length"); feedback that would leave no room for another action ends the episode without
+being appended.
 
 Seeds: turn t of the episode at position r of the running list is sampled with seed `seed + r + t * TURN_STRIDE`,
 so turn 0 draws exactly the tokens a single-turn rollout of the same prompts draws.
@@ -86,7 +87,7 @@ def run_episodes(engines: Sequence[Any], prompts: list[dict[str, Any]], sampling
         _act(engines, running, sampling, action_max_len, turn, generate)
         clock["generation"] += time.perf_counter() - began
         began = time.perf_counter()
-        _respond(running, agent, tokenizer, sampling.max_new_tokens, turn)
+        _respond(running, agent, tokenizer, sampling, turn)
         clock["environment"] += time.perf_counter() - began
         turn += 1
     return _collect(episodes, tokenizer, clock)
@@ -125,12 +126,12 @@ def _act(engines: Sequence[Any], running: list[Episode], sampling: SamplingConfi
 
     One engine call for all: it samples up to the largest cap and each action is cut to its own (a seeded
     sample's prefix does not depend on how long it may grow)."""
-    budget = sampling.max_new_tokens
-    caps = [min(budget - len(e.tokens), action_max_len or budget) for e in running]
+    budgets = [sampling.new_tokens(len(e.prompt_ids)) for e in running]  # with --max_len: its share of it
+    caps = [min(budget - len(e.tokens), action_max_len or budget) for e, budget in zip(running, budgets)]
     seed = None if sampling.seed is None else sampling.seed + turn * TURN_STRIDE
     turn_sampling = dataclasses.replace(sampling, n=1, max_new_tokens=max(caps), seed=seed)
     samples = generate(engines, [e.prompt_ids + e.tokens for e in running], turn_sampling)
-    for e, sample, cap in zip(running, samples, caps):
+    for e, sample, cap, budget in zip(running, samples, caps, budgets):
         ids, logprobs = sample.response_ids[:cap], sample.response_logprobs[:cap]
         stopped = sample.finish_reason == "stop" and len(sample.response_ids) <= cap
         e.last_action_stopped = stopped
@@ -142,7 +143,7 @@ def _act(engines: Sequence[Any], running: list[Episode], sampling: SamplingConfi
         e.last_action = ids
 
 
-def _respond(running: list[Episode], agent: AgentSpec, tokenizer: Any, budget: int, turn: int) -> None:
+def _respond(running: list[Episode], agent: AgentSpec, tokenizer: Any, sampling: SamplingConfig, turn: int) -> None:
     """Step every running episode with its last action; append the feedback of those that go on."""
     calls: list[tuple[Any, dict[str, Any], int, int | None]] = []
     for e in running:
@@ -154,6 +155,7 @@ def _respond(running: list[Episode], agent: AgentSpec, tokenizer: Any, budget: i
         e.result = parse_step(agent, result, e.row, turn)
         e.turns += 1
         e.transcript += tokenizer.decode(e.last_action, skip_special_tokens=False)
+        budget = sampling.new_tokens(len(e.prompt_ids))
         if e.result.done or len(e.tokens) >= budget:
             e.done = True
             continue

@@ -231,7 +231,7 @@ class EndpointServer:
 
     def _sample(self, episode: EpisodeLog, text: str | None, ids: list[int] | None, max_tokens: Any) -> Call:
         prompt_ids = episode.context(text, ids, self._encode)
-        budget = self.sampling.max_new_tokens
+        budget = self.sampling.new_tokens(len(episode.calls[0].prompt_ids if episode.calls else prompt_ids))
         used = len(episode.tokens)   # response tokens so far, plus this call's new (environment) prompt tokens
         if episode.calls:
             used += len(prompt_ids) - len(episode.calls[-1].prompt_ids) - len(episode.calls[-1].sampled)

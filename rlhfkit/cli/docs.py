@@ -226,6 +226,19 @@ def command_flags(command: str) -> list[str]:
     return names
 
 
+def command_aliases(command: str) -> list[str]:
+    """The other names (without `--`) of a command's flags (`--tp_size` of `--ds_tensor_parallel_size`, OpenRLHF's
+    seed-era `--max_new_tokens` of ppo's `--generate_max_len`), `--no-` switches left out: the option-effect
+    registry has an entry for each, as for a flag."""
+    names = []
+    for group in describe(command).groups:
+        for flag in group.flags:
+            if flag.names[0].startswith("--"):
+                names += [name[2:] for name in flag.names[1:]
+                          if name.startswith("--") and not name.startswith("--no-")]
+    return names
+
+
 def positional_arguments(command: str) -> set[str]:
     """The lower-case names of a command's positional arguments (as `command_flags` lists them)."""
     return {f.names[0].lower() for g in describe(command).groups if g.title == "Positional arguments" for f in g.flags}
@@ -339,7 +352,7 @@ def option_rows(flags_by_command: dict[str, list[str]] | None = None) -> list[di
     from rlhfkit.config.effects import effect_of, registry
 
     if flags_by_command is None:
-        flags_by_command = {command: command_flags(command) for command in commands()}
+        flags_by_command = {command: command_flags(command) + command_aliases(command) for command in commands()}
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for command, flags in flags_by_command.items():
         for flag in flags:

@@ -69,9 +69,10 @@ def classify(cli: str, flag: str) -> tuple[str, str]:
         value = "given" if meaning.only.value is True else f"`{meaning.only.value}`"
         return "refused", f"accepted only {value}: {meaning.only.reason}"
     if meaning.budget:
-        return "mapped", ("`--prompt_max_len` + `--generate_max_len` = this: the one not given is the rest, "
-                          "half each when neither is (a longer prompt is dropped and counted, where OpenRLHF gives "
-                          "it fewer response tokens)")
+        return "mapped", ("`--max_len`: prompt + response <= this, a prompt of p tokens gets min(`--generate_max_len`, "
+                          "this - p) new tokens (unset bounds: `--generate_max_len` this - 1, `--prompt_max_len` "
+                          "this - `--generate_max_len`; a longer prompt is dropped and counted, where OpenRLHF cuts "
+                          "it)")
     if meaning.negate:
         return "mapped", f"`--no-{meaning.flag}`"
     return "mapped", f"`--{meaning.flag}`" + (f" `{meaning.value}`" if meaning.value is not None else "")

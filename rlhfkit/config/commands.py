@@ -85,7 +85,7 @@ COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {
     "kto": {"learning_rate": 1e-5, "beta": 0.01, "label_key": "label", "input_template": _TEMPLATE},
     "kd": {"output_key": "output", "input_template": _TEMPLATE},
     "prm": {"learning_rate": 1e-6, "micro_train_batch_size": 1, "label_key": "label"},
-    "ppo": {"micro_train_batch_size": 4, "max_samples": 100_000_000},
+    "ppo": {"micro_train_batch_size": 4, "max_samples": 100_000_000, "max_len": 0},
     "batch-inference": {"seed": 1234, "max_samples": 100_000_000, "output_key": "output", "rollout_batch_size": 2048},
     "serve-rm": {"param_dtype": "fp32"},
 }
@@ -227,14 +227,14 @@ class PRMConfig(PRMOptions, LabelKeyOptions, OfflineConfig):
 @command_class
 class PPOConfig(PlacementOptions, RayOptions, RolloutOptions, VLLMEngineOptions, SamplingOptions, RLAlgorithmOptions,
                 RewardOptions, RewardSourceOptions, RewardCombineOptions, ValueHeadOptions, RefPretrainOptions,
-                RemoteRewardOptions, PromptDataOptions, InputOptions, LabelKeyOptions, VisionOptions,
+                RemoteRewardOptions, PromptDataOptions, InputOptions, MaxLenOptions, LabelKeyOptions, VisionOptions,
                 RoleOptimOptions, TrainingConfig):
     command: ClassVar[str] = "ppo"
     GROUPS: ClassVar[tuple[type, ...]] = (
         PlacementOptions, RayOptions, RolloutOptions, VLLMEngineOptions, SamplingOptions, RLAlgorithmOptions,
         RewardOptions, RewardSourceOptions, RewardCombineOptions, ValueHeadOptions, RefPretrainOptions,
-        RemoteRewardOptions, PromptDataOptions, InputOptions, LabelKeyOptions, EvalDataOptions, VisionOptions,
-        *_TRAIN_HEAD, TrainOptions, RoleOptimOptions, CheckpointOptions, LoggingOptions)
+        RemoteRewardOptions, PromptDataOptions, InputOptions, MaxLenOptions, LabelKeyOptions, EvalDataOptions,
+        VisionOptions, *_TRAIN_HEAD, TrainOptions, RoleOptimOptions, CheckpointOptions, LoggingOptions)
 
 
 @dataclass

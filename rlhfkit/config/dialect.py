@@ -10,7 +10,8 @@ name to one of:
 - `Only(value, reason)`: accepted (and dropped) only with the value that is what rlhfkit does anyway
   (`--data.dataloader_num_workers 0`); any other value is refused with the reason;
 - `Refused(reason)`: a DeepSpeed-only knob or something rlhfkit lacks; refused with the reason;
-- `BUDGET`: ppo's `--data.max_len L` (prompt + response <= L), see `Budget`.
+- `BUDGET`: ppo's `--data.max_len L` (prompt + response <= L), rlhfkit's `--max_len L` and the two bounds it
+  implies, see `Budget`.
 
 A target flag that the command's parser does not know (yet) is refused as "not yet available": the status of every
 row is computed from the live parsers, never stored. A target that rlhfkit itself refuses (`--zpg`) is refused with
@@ -41,9 +42,12 @@ class Only:
 
 @dataclass(frozen=True)
 class Budget:
-    """ppo's `--data.max_len L`: prompt + response <= L tokens, as `--prompt_max_len` + `--generate_max_len` = L
-    (`split_budget`). rlhfkit drops (and counts) a longer prompt, where OpenRLHF would give it fewer response
-    tokens."""
+    """ppo's `--data.max_len L` (and the flat `--max_len L`): prompt + response <= L tokens, as in OpenRLHF 0.11,
+    whose rollout gives a prompt of p tokens max_tokens = L - p (`--rollout.max_new_tokens` unset) or
+    `--rollout.max_new_tokens` N with the prompt cut to its last L - N tokens. rlhfkit sets `--max_len L` (a prompt of
+    p tokens gets min(--generate_max_len, L - p) new tokens) and the bounds not given (`budget_flags`):
+    `--generate_max_len` L - 1 and `--prompt_max_len` L - 1 (L - N with `--generate_max_len N`, where rlhfkit drops
+    and counts the prompt that OpenRLHF would cut)."""
 
 
 BUDGET = Budget()
@@ -87,8 +91,7 @@ COMMON: dict[str, Target] = {
     "ds.lora.target_modules": "target_modules", "ds.lora.dropout": "lora_dropout",
     "ds.packing_samples": "packing_samples", "ds.value_head_prefix": "value_head_prefix",
     "data.disable_fast_tokenizer": "disable_fast_tokenizer",
-    "data.dataloader_num_workers": Only(0, "rlhfkit tokenizes the data once, up front, in the training process: "
-                                           "there are no loader workers; 0 is accepted"),
+    "data.dataloader_num_workers": "dataloader_num_workers",
     "data.dataset": "dataset", "data.dataset_probs": "dataset_probs", "data.dataset_split": "dataset_split",
     "data.max_samples": "max_samples", "data.multiturn": "multiturn", "data.input_key": "input_key",
     "data.output_key": "output_key", "data.input_template": "input_template",
@@ -170,6 +173,8 @@ SEED_BY_COMMAND: dict[str, dict[str, Target]] = {
         "enable_ema": "enable_ema", "ema_beta": "ema_beta",  # not yet available where no such flag exists
         "vllm_sync_with_ray": "vllm_sync_backend=ray", "deepspeed_enable_sleep": "fsdp_enable_offload",
         "max_len": BUDGET, "logging_steps": Only(1, PPO_LOGGING),
+        # the seed-era flat names of rollout.max_new_tokens and actor.freeze_visual_encoder (--max_new_tokens,
+        # --freeze_visual_encoder) are aliases of --generate_max_len and --freeze_vision_tower in the parser
         "vllm_generate_batch_size": Refused("each step's --rollout_batch_size prompts go to the engines at once "
                                             "(refilled with --dynamic_filtering); there is no separate generation "
                                             "batch; drop the flag"),
@@ -292,36 +297,45 @@ def rewrite_argv(command: str, argv: list[str], parser: argparse.ArgumentParser,
     return out
 
 
+# spellings of the two bounds a `--max_len` budget fills in when they are not given
+_BOUNDS = {"prompt_max_len": ("prompt_max_len",), "generate_max_len": ("generate_max_len", "max_new_tokens")}
+
+
 def _budget_argv(budget: tuple[str, Any], argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     given = {}
     for j, token in enumerate(argv):
-        for flag in ("prompt_max_len", "generate_max_len"):
-            if token == f"--{flag}" and j + 1 < len(argv):
-                given[flag] = argv[j + 1]
-            elif token.startswith(f"--{flag}="):
-                given[flag] = token.partition("=")[2]
-    return [item for flag, value in split_budget(*budget, given).items() for item in (f"--{flag}", str(value))]
+        for flag, names in _BOUNDS.items():
+            for spelled in names:
+                if token == f"--{spelled}" and j + 1 < len(argv):
+                    given[flag] = argv[j + 1]
+                elif token.startswith(f"--{spelled}="):
+                    given[flag] = token.partition("=")[2]
+    return [item for flag, value in budget_flags(*budget, given).items() for item in (f"--{flag}", str(value))]
 
 
-def split_budget(name: str, total: Any, given: dict[str, Any]) -> dict[str, int]:
-    """ppo's `--data.max_len L` as rlhfkit's two bounds: L - `--generate_max_len` for the prompt when the response
-    bound is given, L - `--prompt_max_len` for the response when that is given, else half each (rlhfkit's defaults
-    are 1024 + 1024 = OpenRLHF's default 2048). Returns the bounds to set."""
+def budget_flags(name: str, total: Any, given: dict[str, Any]) -> dict[str, int]:
+    """ppo's `--data.max_len L` (or `--max_len L`) as rlhfkit's flags, as OpenRLHF 0.11 bounds a rollout: `--max_len
+    L` (a prompt of p tokens gets min(--generate_max_len, L - p) new tokens), and of the two bounds those not in
+    `given`: `--generate_max_len` L - 1 (what is left after the prompt, OpenRLHF's default) and `--prompt_max_len`
+    L - `--generate_max_len` when that is given (OpenRLHF cuts a longer prompt to fit; rlhfkit drops and counts it),
+    else L - 1 (at least one new token). Returns the flags to set."""
     try:
         total = int(total)
         given = {flag: int(value) for flag, value in given.items()}
     except (TypeError, ValueError):
         raise ConfigError(f"--{name} {total}: expected integers") from None
-    if len(given) == 2:
-        raise ConfigError(f"--{name} with both --prompt_max_len and --generate_max_len: give at most two of the "
-                          "three (prompt + response <= --" + name + ")")
-    if not given:
-        return {"prompt_max_len": total - total // 2, "generate_max_len": total // 2}
-    [(flag, value)] = given.items()
-    other = "generate_max_len" if flag == "prompt_max_len" else "prompt_max_len"
-    if total - value < 1:
-        raise ConfigError(f"--{name} {total} leaves no room beside --{flag} {value}: raise --{name}")
-    return {other: total - value}
+    if total < 2:
+        raise ConfigError(f"--{name} {total}: the budget of prompt + response must be at least 2 tokens")
+    out = {"max_len": total}
+    if "generate_max_len" in given:
+        if total - given["generate_max_len"] < 1:
+            raise ConfigError(f"--{name} {total} leaves no room beside --generate_max_len {given['generate_max_len']}: "
+                              f"raise --{name}")
+    else:
+        out["generate_max_len"] = total - 1
+    if "prompt_max_len" not in given:
+        out["prompt_max_len"] = total - given.get("generate_max_len", 1)
+    return out
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -357,5 +371,6 @@ def rewrite_mapping(command: str, data: dict[str, Any], parser: argparse.Argumen
         else:
             out[meaning.flag] = (not value) if meaning.negate else value
     if budget is not None:
-        out.update(split_budget(*budget, {f: out[f] for f in ("prompt_max_len", "generate_max_len") if f in out}))
+        given = {flag: out[spelled] for flag, names in _BOUNDS.items() for spelled in names if spelled in out}
+        out.update(budget_flags(*budget, given))
     return out

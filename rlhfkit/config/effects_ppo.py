@@ -24,6 +24,7 @@ GAMMA_REFUSED = f"{_RECENT}::test_gamma_is_refused_for_group_estimators"
 REFUSED = f"{_RECENT}::test_refused_values_of_the_recent_flags"
 _UNIT = "tests/algorithms/test_recent_methods.py"
 _VISION = "tests/rl/test_vision_batch.py"
+_SEED = "tests/config/test_seed_flags.py::"
 VISION_E2E = "tests/rl/test_ppo_vision.py::test_grpo_on_images_runs_stays_on_policy_and_keeps_the_frozen_tower"
 VISION_DATA = f"{_VISION}::test_image_prompts_load_and_a_bad_row_is_an_error_naming_the_file_row_and_key"
 
@@ -135,4 +136,19 @@ PPO_EFFECTS: dict[str, Effect] = {
          "tests/models/test_vision.py::test_frozen_vision_tower_does_not_train_and_is_not_sent"),
         "on: the saved policy's vision tower equals the initial one while the connector and text layers moved, "
         "and the sync leaves it out; --no-freeze_vision_tower syncs it"),
+    # OpenRLHF's seed-era flat names, aliases of the flags above (#28)
+    "ppo:freeze_visual_encoder": Tested(
+        (_SEED + "test_freeze_visual_encoder_is_freeze_vision_tower",),
+        "an alias: --no-freeze_visual_encoder sets --freeze_vision_tower False (as --actor.freeze_visual_encoder "
+        "false does), whose effect the --freeze_vision_tower entry proves"),
+    "ppo:max_new_tokens": Tested(
+        (_SEED + "test_max_new_tokens_is_generate_max_len",),
+        "an alias: --max_new_tokens 7 sets --generate_max_len 7 (as --rollout.max_new_tokens 7 does): the sampling's "
+        "max new tokens and the engines' context"),
+    "ppo:max_len": Tested(
+        (_SEED + "test_max_len_bounds_prompt_plus_response_per_prompt",
+         _SEED + "test_the_0_11_scripts_with_data_max_len_64_keep_their_40_token_prompts"),
+        "prompt + response <= max_len: a prompt of p tokens gets min(--generate_max_len, max_len - p) new tokens "
+        "(the vLLM request's max_tokens), prompts that leave no room are dropped, the engines' context is at most "
+        "max_len; OpenRLHF 0.11's scripts with --data.max_len 64 keep their ~40-token prompts"),
 }

@@ -46,6 +46,9 @@ TRAIN_EFFECTS: dict[str, Effect] = {
     "demo:pretrain": _t("the model the demo's GRPO run trains", _CLI + "test_demo_flags_reach_the_ppo_command"),
     "lora-merge:pretrain": _t("the base the adapter is merged into",
                               _CLI + "test_lora_merge_writes_the_merged_model_in_param_dtype"),
+    "lora-merge:model_path": _t("an alias (OpenRLHF's name): the same parse as --pretrain, the base the adapter is "
+                                "merged into",
+                                "tests/config/test_seed_flags.py::test_lora_merge_model_path_is_pretrain"),
     "attn_implementation": _t("the attention kernel of the loaded model (config._attn_implementation)", _SCAFFOLD),
     "ppo:attn_implementation": _t("the workers load their models with `load_causal_lm(..., attn_implementation)`, "
                                   "which sets the kernel",
@@ -143,6 +146,12 @@ TRAIN_EFFECTS: dict[str, Effect] = {
     "batch-inference:seed": _t("the sampling seed", _BI + "test_sampling_and_tokenizer_flags_reach_generation",
                                _BI + "test_engine_flags_reach_the_engines"),
     "full_determinism": _t("torch.use_deterministic_algorithms(True) during training", _SCAFFOLD),
+    "dataloader_num_workers": NoEffect("accepted so that OpenRLHF scripts port (--data.dataloader_num_workers): "
+                                       "rlhfkit tokenizes the data once, up front, in the training process and cuts "
+                                       "batches from those tensors, so there are no loader workers; a value other "
+                                       "than 0 is logged as changing nothing and a negative one is refused "
+                                       "(tests/config/test_seed_flags.py::"
+                                       "test_dataloader_num_workers_is_accepted_and_changes_nothing)"),
     "ppo:full_determinism": _t("refused with the reason (not implemented for the Ray workers)", _REFUSED_PPO),
     "eval_steps": _t("evaluate every N steps instead of at each epoch's end", _SHORT_RUN),
     # ---- context parallel (rlhfkit.models.context_parallel; docs/parallelism.md)
@@ -188,6 +197,15 @@ TRAIN_EFFECTS: dict[str, Effect] = {
                                   "tests/e2e/test_tensor_parallel.py::test_sft_tp_size_2_reproduces_one_rank"),
     **{f"{command}:ds_tensor_parallel_size": _t("refused with the reason (tensor parallel covers sft, rm, dpo, kto)",
                                                 _TP + "test_commands_without_tensor_parallel_refuse_the_flags")
+       for command in ("ppo", "kd", "prm")},
+    # --tp_size: the alias of --ds_tensor_parallel_size on the training commands (batch-inference's own flag is the
+    # engines' tensor parallelism, the "tp_size" entry)
+    **{f"{command}:tp_size": _t("an alias of --ds_tensor_parallel_size: the same checks and mesh",
+                                _TP + "test_tp_size_must_divide_heads_world_and_fit_the_family",
+                                "tests/e2e/test_tensor_parallel.py::test_sft_tp_size_2_reproduces_one_rank")
+       for command in ("sft", "rm", "dpo", "kto")},
+    **{f"{command}:tp_size": _t("refused with the reason (tensor parallel covers sft, rm, dpo, kto)",
+                                _TP + "test_commands_without_tensor_parallel_refuse_the_flags")
        for command in ("ppo", "kd", "prm")},
     "ppo:eval_steps": _t("evaluate every N steps", _OLD_LP + "test_reused_old_log_probs_give_the_same_run"),
     # ---- sft / kd

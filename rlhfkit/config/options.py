@@ -107,7 +107,13 @@ class MaxLenOptions:
                                      "dpo": "maximum tokens per side of a pair",
                                      "batch-inference": "reward models: most tokens of prompt + response scored "
                                                         "(longer: left-truncated, counted)",
-                                     "serve-rm": "keep the last max_len tokens of each query"})
+                                     "serve-rm": "keep the last max_len tokens of each query",
+                                     "ppo": "prompt + response <= this many tokens (OpenRLHF's --data.max_len, which "
+                                            "also sets the bounds not given: --generate_max_len and "
+                                            "--prompt_max_len this - 1): a prompt of p tokens gets "
+                                            "min(--generate_max_len, this - p) new tokens, a prompt with no room "
+                                            "left is dropped and counted; 0: no total bound (the engines' context "
+                                            "is --prompt_max_len + --generate_max_len)"})
 
 
 @dataclass
@@ -185,6 +191,10 @@ class TrainOptions:
     adam_offload: bool = opt(False, "FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer state on CPU "
                                     "(CUDA only; on CPU everything already lives in host memory)")
     full_determinism: bool = opt(False, "torch.use_deterministic_algorithms(True)")
+    dataloader_num_workers: int = opt(0, "accepted for OpenRLHF scripts (--data.dataloader_num_workers), changes "
+                                         "nothing: rlhfkit tokenizes the data once, up front, in the training "
+                                         "process, and batches are slices of those tensors: there are no loader "
+                                         "workers to start")
     eval_steps: int = opt(-1, "evaluate every N steps (-1: at the end of each epoch)",
                           command_help={"ppo": "evaluate every N steps (-1: at the start and the end)"})
     packing_samples: bool = opt(False, "pack several samples per row (per-sample position ids and attention)",

@@ -172,7 +172,8 @@ def _add_field(arg_group: Any, f: dataclasses.Field, tp: Any) -> None:
     scalar, nargs = _flag_type(tp)
     flag = f"--{f.name}"
     if scalar is bool:
-        arg_group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        arg_group.add_argument(flag, *f.metadata.get("aliases", ()), action=argparse.BooleanOptionalAction,
+                               default=default, help=help_text)
         return
     kwargs: dict[str, Any] = {"type": scalar, "default": default, "help": help_text}
     if nargs:

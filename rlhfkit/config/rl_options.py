@@ -75,7 +75,9 @@ class RolloutOptions:
                                                      "under this, or the run stops naming the engine; default: 1e-3 "
                                                      "in fp32; with bf16/fp16 0.25 at start, then max(0.01, 4 x "
                                                      "the diff measured at start); 0 = off")
-    generate_max_len: int = opt(1024, "maximum new tokens per response")
+    generate_max_len: int = opt(1024, "maximum new tokens per response (alias --max_new_tokens, OpenRLHF's "
+                                      "--rollout.max_new_tokens); with --max_len a prompt of p tokens gets "
+                                      "min(this, max_len - p)", aliases=["--max_new_tokens"])
     n_samples_per_prompt: int = opt(1, "responses per prompt (a group)")
     micro_rollout_batch_size: int = opt(8, "rows per forward when computing log-probs/values")
     eval_temperature: float = opt(0.6, "sampling temperature for --eval_dataset")
@@ -205,4 +207,16 @@ class VisionOptions:
     max_images_per_prompt: int = opt(1, "most images one prompt row may hold (a row with more is an error naming it)")
     freeze_vision_tower: bool = opt(True, "a vision-language actor's vision encoder does not train and is not sent "
                                           "at weight sync (the engines keep theirs); --no-freeze_vision_tower "
-                                          "trains and syncs it too")
+                                          "trains and syncs it too (alias --freeze_visual_encoder, OpenRLHF's "
+                                          "--actor.freeze_visual_encoder)", aliases=["--freeze_visual_encoder"])
+
+
+def prompt_bound(prompt_max_len: int, max_len: int) -> int:
+    """The longest prompt ppo keeps: --prompt_max_len, and with --max_len one that leaves room for a new token."""
+    return min(prompt_max_len, max_len - 1) if max_len else prompt_max_len
+
+
+def context_len(prompt_max_len: int, generate_max_len: int, max_len: int) -> int:
+    """The most tokens of prompt + response ppo samples: --prompt_max_len + --generate_max_len, at most --max_len."""
+    total = prompt_max_len + generate_max_len
+    return min(total, max_len) if max_len else total

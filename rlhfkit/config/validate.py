@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TypeVar
 
 from rlhfkit.config.commands import CommandConfig, OfflineConfig, SFTConfig
@@ -10,6 +11,7 @@ from rlhfkit.config.options import TrainOptions
 from rlhfkit.errors import ConfigError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def need(value: T | None, flag: str) -> T:
@@ -43,8 +45,21 @@ def validate_batch_sizes(cfg: TrainOptions, world_size: int) -> int:
     return cfg.train_batch_size // per_step
 
 
+def check_loader_workers(cfg: TrainOptions) -> None:
+    """--dataloader_num_workers (OpenRLHF's --data.dataloader_num_workers): accepted so that launch scripts port,
+    said to change nothing when it is not 0 (rlhfkit tokenizes the data up front in the training process and cuts
+    batches from those tensors: no loader workers), refused when negative. Every training command calls it."""
+    if cfg.dataloader_num_workers < 0:
+        raise ConfigError(f"--dataloader_num_workers {cfg.dataloader_num_workers} must be >= 0")
+    if cfg.dataloader_num_workers:
+        log.info("--dataloader_num_workers %d changes nothing: rlhfkit tokenizes the data once, up front, in the "
+                 "training process and cuts batches from those tensors (there are no loader workers)",
+                 cfg.dataloader_num_workers)
+
+
 def validate_common(cfg: OfflineConfig) -> None:
     """Contradictions every training command shares."""
+    check_loader_workers(cfg)
     if cfg.dataset_probs and cfg.dataset:
         n_data, n_probs = len(cfg.dataset.split(",")), len(str(cfg.dataset_probs).split(","))
         if n_data != n_probs:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhfkit.config.commands import BatchInferenceConfig, PPOConfig
+from rlhfkit.config.rl_options import context_len
 from rlhfkit.config.validate import need
 from rlhfkit.errors import ConfigError
 from rlhfkit.userfiles import import_user_file
@@ -29,7 +30,8 @@ POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length"
 def preflight(cfg: PPOConfig, engines: list[Any] | None = None) -> None:
     """`rlhfkit ppo`: every check below, in the order a user would want to hear about them."""
     check_user_files(cfg.reward_pretrain, cfg.remote_rm_url, cfg.agent_func_path)
-    check_context_length(need(cfg.pretrain, "--pretrain"), cfg.prompt_max_len, cfg.generate_max_len)
+    check_context_length(need(cfg.pretrain, "--pretrain"), cfg.prompt_max_len,
+                         context_len(cfg.prompt_max_len, cfg.generate_max_len, cfg.max_len) - cfg.prompt_max_len)
     if engines is None and not _joins_cluster(cfg.ray_address) and cfg.rollout_backend == "vllm":
         check_engine_devices(cfg.vllm_num_engines, cfg.vllm_tensor_parallel_size)
         check_kv_cache_memory(cfg.vllm_kv_cache_mb, cfg.vllm_num_engines)
@@ -125,13 +127,18 @@ def check_engine_devices(engines: int, tp: int, tp_flag: str = "--vllm_tensor_pa
                               f"GPUs, but this host has {gpus}: lower one of the two (each engine shard takes a "
                               f"whole GPU), or join a larger cluster with --ray_address")
         return
-    if tp != 1:
-        raise ConfigError(f"{tp_flag} {tp}: tensor parallelism needs GPUs and this host has none; "
-                          f"use {tp_flag} 1 (CPU engines run one process each)")
     cores = os.cpu_count() or 1
+    problems = []  # every problem in one message: fixing one must not lead into the next
+    if tp != 1:
+        problems.append(f"{tp_flag} {tp}: tensor parallelism needs GPUs and this host has none; use {tp_flag} 1 "
+                        "(CPU engines run one process each)")
     if engines > cores:
-        raise ConfigError(f"--vllm_num_engines {engines}: this host has no GPU and {cores} CPU cores; each CPU "
-                          f"engine needs at least one core. Use --vllm_num_engines {cores} or fewer")
+        problems.append(f"--vllm_num_engines {engines}: this host has no GPU and {cores} CPU cores; each CPU engine "
+                        f"needs at least one core. Use --vllm_num_engines {cores} or fewer")
+    if problems:
+        raise ConfigError(problems[0] if len(problems) == 1 else
+                          "two problems with the engines: " + "; and ".join(f"({k}) {p}"
+                                                                            for k, p in enumerate(problems, 1)))
 
 
 def check_kv_cache_memory(kv_cache_mb: int, engines: int) -> None:

@@ -252,7 +252,7 @@ def evaluate(s: RLSetup, step: int) -> dict[str, float]:
     """Held-out prompts at --eval_temperature, --eval_n_samples_per_prompt each; a sample is correct if score > 0."""
     cfg, n = s.cfg, s.cfg.eval_n_samples_per_prompt
     sampling = SamplingConfig(temperature=cfg.eval_temperature, top_p=1.0, max_new_tokens=cfg.generate_max_len, n=n,
-                              seed=cfg.seed + 99991, stop_token_ids=tuple(s.stop_ids))
+                              seed=cfg.seed + 99991, stop_token_ids=tuple(s.stop_ids), max_len=cfg.max_len or None)
     rollout = generate_and_score(s.engines, s.eval_prompts, sampling, s.reward_fn, s.tokenizer, Timer(), 0,
                                  s.phases, s.agent)
     correct = (rollout.scores.view(-1, n) > 0).sum(-1).tolist()

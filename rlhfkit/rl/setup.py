@@ -16,6 +16,7 @@ from rlhfkit.agents.environment import AgentSpec, load_agent
 from rlhfkit.algorithms.rewards import AdaptiveKLController, FixedKLController
 from rlhfkit.config.commands import PPOConfig, PrecisionRecord
 from rlhfkit.config.plan import RLPlan, resolve_plan
+from rlhfkit.config.rl_options import prompt_bound
 from rlhfkit.config.validate import need
 from rlhfkit.data.prompts import build_prompt_samples
 from rlhfkit.data.readers import blend_datasets
@@ -138,10 +139,12 @@ def load_prompts(cfg: PPOConfig, tokenizer: Any, spec: str, split: str, probs: s
     samples, stats = build_prompt_samples(rows, tokenizer, input_key=cfg.input_key, label_key=cfg.label_key,
                                           input_template=cfg.input_template,
                                           apply_chat_template=cfg.apply_chat_template,
-                                          prompt_max_len=cfg.prompt_max_len, images=images)
+                                          prompt_max_len=prompt_bound(cfg.prompt_max_len, cfg.max_len),
+                                          images=images)
     log.info("prompts from %s: %s", spec, stats)
     if not samples:
-        raise ConfigError(f"no usable prompts in {spec} (stats {stats}): check --input_key and --prompt_max_len")
+        raise ConfigError(f"no usable prompts in {spec} (stats {stats}): check --input_key, --prompt_max_len "
+                          "and --max_len")
     return samples
 
 

@@ -72,8 +72,10 @@ class SyncCheck:
     @classmethod
     def from_run(cls, prompts: list[dict], cfg: PPOConfig) -> SyncCheck:
         """The probe prompts from the run's first prompts, cut to fit the engines' context (--prompt_max_len +
-        --generate_max_len) with room for the sampled response."""
-        room = cfg.prompt_max_len + cfg.generate_max_len
+        --generate_max_len, at most --max_len) with room for the sampled response."""
+        from rlhfkit.config.rl_options import context_len
+
+        room = context_len(cfg.prompt_max_len, cfg.generate_max_len, cfg.max_len)
         response_tokens = max(1, min(PROBE_RESPONSE_TOKENS, cfg.generate_max_len, room // 2))
         keep = min(PROBE_PROMPT_TOKENS, room - response_tokens)
         probe = [list(p["prompt_ids"][-keep:]) for p in prompts[:PROBE_SEQUENCES]]

@@ -8,7 +8,7 @@ import logging
 from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.optim_options import validate_optim
 from rlhfkit.config.plan import RLPlan, resolve_plan
-from rlhfkit.config.validate import require
+from rlhfkit.config.validate import check_loader_workers, require
 from rlhfkit.engine.ema import validate_ema
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.loading import attention_kernel
@@ -23,6 +23,7 @@ log = logging.getLogger("rlhfkit")
 def validate_rl(cfg: PPOConfig) -> None:
     """Every check of the ppo flags that needs no cluster (build_setup runs it first; the tests call it alone)."""
     require(cfg, "pretrain", "prompt_data")
+    check_loader_workers(cfg)
     if cfg.agent_func_path and (cfg.remote_rm_url or cfg.reward_pretrain):
         given = "--remote_rm_url" if cfg.remote_rm_url else "--reward_pretrain"
         raise ConfigError(f"--agent_func_path and {given} both give the reward: an agent environment rewards its "
@@ -96,6 +97,12 @@ def _validate_async(cfg: PPOConfig) -> None:
     if cfg.partial_rollout and cfg.agent_func_path:
         raise ConfigError("--partial_rollout chunks single-turn generation; with --agent_func_path the episodes "
                           "are generated whole: drop one of the two")
+    if cfg.partial_rollout and cfg.max_len:
+        raise ConfigError(f"--partial_rollout with --max_len {cfg.max_len}: the chunks resume every unfinished row "
+                          "to one --generate_max_len, not to each prompt's share of --max_len; drop --max_len and "
+                          "bound the rollout with --prompt_max_len and --generate_max_len")
+    if cfg.max_len and cfg.max_len < 2:
+        raise ConfigError(f"--max_len {cfg.max_len}: prompt + response needs at least 2 tokens (0: no total bound)")
     if cfg.partial_rollout_chunk_tokens < 1:
         raise ConfigError(f"--partial_rollout_chunk_tokens {cfg.partial_rollout_chunk_tokens}: must be >= 1")
 

@@ -75,7 +75,7 @@ class HFEngine:
             out = self.model.generate(
                 input_ids=input_ids,
                 attention_mask=torch.ones_like(input_ids),
-                generation_config=self._generation_config(sampling, sorted(stop_ids)),
+                generation_config=self._generation_config(sampling, sorted(stop_ids), len(prompt)),
             )
         responses = out.sequences[:, len(prompt):]
         logprobs = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [rows, steps, V]
@@ -85,14 +85,14 @@ class HFEngine:
             _cut(index, j, prompt, responses[r].tolist(), picked[r].tolist(), stop_ids) for j, r in enumerate(rows)
         ]
 
-    def _generation_config(self, sampling: SamplingConfig, stop_ids: list[int]) -> Any:
+    def _generation_config(self, sampling: SamplingConfig, stop_ids: list[int], prompt_len: int) -> Any:
         from transformers import GenerationConfig
 
         kwargs: dict[str, Any] = {"do_sample": False}
         if not sampling.greedy:
             kwargs = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
         return GenerationConfig(
-            max_new_tokens=sampling.max_new_tokens,
+            max_new_tokens=sampling.new_tokens(prompt_len),
             num_return_sequences=1 if sampling.greedy else sampling.n,
             eos_token_id=stop_ids or None,
             pad_token_id=self.pad_token_id,

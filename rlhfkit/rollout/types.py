@@ -31,7 +31,9 @@ class SamplingConfig:
     """How to sample responses (backend-neutral).
 
     Flags: `--temperature` -> temperature, `--top_p` -> top_p, `--generate_max_len` -> max_new_tokens,
-    `--n_samples_per_prompt` -> n, `--seed` -> seed. `temperature == 0` means greedy decoding.
+    `--n_samples_per_prompt` -> n, `--seed` -> seed, ppo's `--max_len` -> max_len (prompt + response <= max_len:
+    a prompt of p tokens gets `new_tokens(p)` = min(max_new_tokens, max_len - p) new tokens; None: max_new_tokens
+    for every prompt). `temperature == 0` means greedy decoding.
     Sample `j` of prompt `i` is drawn with seed `seed + i * n + j`, so results do not depend on how the prompts
     are split across engines.
     """
@@ -43,6 +45,7 @@ class SamplingConfig:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    max_len: int | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -55,7 +58,16 @@ class SamplingConfig:
             )
         if self.n < 1:
             raise ValueError(f"SamplingConfig.n (--n_samples_per_prompt) must be >= 1, got {self.n}")
+        if self.max_len is not None and self.max_len < 2:
+            raise ValueError(f"SamplingConfig.max_len (--max_len) must be >= 2 or None, got {self.max_len}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    def new_tokens(self, prompt_len: int) -> int:
+        """The most new tokens for a prompt of `prompt_len` tokens: max_new_tokens, capped by what `max_len` leaves
+        (at least 1, as OpenRLHF's rollout; the prompt data drops prompts that leave no room)."""
+        if self.max_len is None:
+            return self.max_new_tokens
+        return max(1, min(self.max_new_tokens, self.max_len - prompt_len))
 
     @property
     def greedy(self) -> bool:
@@ -88,13 +100,15 @@ class SamplingConfig:
         by each command (ppo: TrainOptions, batch-inference: InferenceModelOptions)."""
         from rlhfkit.config.rl_options import RolloutOptions
 
+        max_len = None
         if isinstance(opts, RolloutOptions):
             temperature, max_new_tokens, n = opts.temperature, opts.generate_max_len, opts.n_samples_per_prompt
+            max_len = opts.max_len or None
         else:
             temperature = 0.0 if opts.greedy_sampling else opts.temperature
             max_new_tokens, n = opts.max_new_tokens, opts.best_of_n
         return cls(temperature=temperature, top_p=opts.top_p, max_new_tokens=max_new_tokens, n=n, seed=seed,
-                   stop_token_ids=tuple(stop_token_ids))
+                   stop_token_ids=tuple(stop_token_ids), max_len=max_len)
 
 
 @dataclass

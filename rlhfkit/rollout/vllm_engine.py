@@ -144,7 +144,7 @@ class VLLMEngine:
                 if images is not None and images[i]:
                     prompt["multi_modal_data"] = {"image": list(images[i])}
                 prompts.append(prompt)
-                params.append(_sampling_params(sampling, sampling.sample_seed(i, j)))
+                params.append(_sampling_params(sampling, sampling.sample_seed(i, j), len(ids)))
                 keys.append((i, j))
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
         self.prompts_generated += len(prompt_ids)
@@ -262,14 +262,14 @@ class VLLMEngine:
         self.llm.wake_up()
 
 
-def _sampling_params(sampling: SamplingConfig, seed: int | None) -> Any:
+def _sampling_params(sampling: SamplingConfig, seed: int | None, prompt_len: int) -> Any:
     from vllm import SamplingParams
 
     return SamplingParams(
         n=1,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
-        max_tokens=sampling.max_new_tokens,
+        max_tokens=sampling.new_tokens(prompt_len),
         seed=seed,
         stop_token_ids=list(sampling.stop_token_ids),
         ignore_eos=sampling.ignore_eos,
@@ -385,21 +385,22 @@ def engine_options(opts: PPOConfig | BatchInferenceConfig, *, dtype: str, seed: 
     """`create_vllm_engines` keyword arguments from the engine flags, the one builder of `ppo` (its rollout group:
     `--vllm_tensor_parallel_size ... --generate_max_len`) and `batch-inference` (`--tp_size ... --max_new_tokens`):
     `--vllm_gpu_memory_utilization --vllm_kv_cache_mb --enforce_eager --enable_prefix_caching --prompt_max_len`
-    are common. `dtype`: the engine's dtype flag value (`ENGINE_DTYPES` key: ppo's `--vllm_dtype`, batch-inference's
-    `--param_dtype`, resolved); `seed`: `--seed` (engine k gets `seed + k`)."""
-    from rlhfkit.config.rl_options import RolloutOptions
+    are common (ppo's context is at most `--max_len`). `dtype`: the engine's dtype flag value (`ENGINE_DTYPES` key:
+    ppo's `--vllm_dtype`, batch-inference's `--param_dtype`, resolved); `seed`: `--seed` (engine k gets `seed + k`)."""
+    from rlhfkit.config.rl_options import RolloutOptions, context_len
 
     if isinstance(opts, RolloutOptions):
-        tensor_parallel_size, max_new_tokens = opts.vllm_tensor_parallel_size, opts.generate_max_len
+        tensor_parallel_size = opts.vllm_tensor_parallel_size
+        max_model_len = context_len(opts.prompt_max_len, opts.generate_max_len, opts.max_len)
     else:
-        tensor_parallel_size, max_new_tokens = opts.tp_size, opts.max_new_tokens
+        tensor_parallel_size, max_model_len = opts.tp_size, opts.prompt_max_len + opts.max_new_tokens
     return {
         "tensor_parallel_size": tensor_parallel_size,
         "gpu_memory_utilization": opts.vllm_gpu_memory_utilization,
         "cpu_kv_cache_bytes": opts.vllm_kv_cache_mb * 2**20,
         "enforce_eager": opts.enforce_eager,
         "enable_prefix_caching": opts.enable_prefix_caching,
-        "max_model_len": opts.prompt_max_len + max_new_tokens,
+        "max_model_len": max_model_len,
         "dtype": ENGINE_DTYPES[dtype],
         "seed": seed,
     }

@@ -13,6 +13,7 @@ from openrlhf_scripts import SCRIPTS, groups, script_argv
 from rlhfkit.cli import porting_doc
 from rlhfkit.config import dialect
 from rlhfkit.config.parse import config_to_dict, parse_config
+from rlhfkit.config.rl_options import context_len
 from rlhfkit.errors import ConfigError
 
 
@@ -79,7 +80,7 @@ PPO_FLAT = ["--pretrain", "m", "--prompt_data", "p", "--remote_rm_url", "builtin
             "--critic_learning_rate", "3e-6", "--vllm_sync_backend", "ray", "--fsdp_enable_offload",
             "--enable_vllm_is_correction", "--vllm_is_truncated_threshold", "0.4", "4", "--eps_clip_low_high", "0.2",
             "0.27", "--freezing_actor_steps", "3", "--prompt_max_len", "200", "--generate_max_len", "100",
-            "--colocate_all_models"]
+            "--max_len", "300", "--colocate_all_models"]
 
 
 @pytest.mark.parametrize(("command", "dotted", "flat"), [("sft", SFT_DOTTED, SFT_FLAT), ("ppo", PPO_DOTTED, PPO_FLAT)])
@@ -92,21 +93,22 @@ def test_dotted_and_flat_flags_give_the_same_config(command, dotted, flat):
 def test_seed_era_names_with_an_fsdp2_meaning_are_mapped():
     cfg = parse_config("ppo", groups("ppo"), ["--deepspeed_enable_sleep", "--vllm_sync_with_ray", "--max_len", "64",
                                               "--logging_steps", "1"])
-    assert (cfg.fsdp_enable_offload, cfg.vllm_sync_backend, cfg.prompt_max_len, cfg.generate_max_len) == \
-        (True, "ray", 32, 32)
+    assert (cfg.fsdp_enable_offload, cfg.vllm_sync_backend, cfg.max_len, cfg.prompt_max_len, cfg.generate_max_len) == \
+        (True, "ray", 64, 63, 63)
     assert parse_config("sft", groups("sft"), ["--train_split", "dev"]).dataset_split == "dev"
 
 
-def test_the_total_length_budget_splits_into_rlhfkits_two_bounds():
+def test_the_total_length_budget_is_max_len_and_fills_the_bounds_not_given():
+    """(tests/config/test_seed_flags.py: what --max_len does to each prompt's response.)"""
     cfg = parse_config("ppo", groups("ppo"), ["--data.max_len", "9216", "--rollout.max_new_tokens", "8192"])
-    assert (cfg.prompt_max_len, cfg.generate_max_len) == (1024, 8192)
+    assert (cfg.max_len, cfg.prompt_max_len, cfg.generate_max_len) == (9216, 1024, 8192)
     cfg = parse_config("ppo", groups("ppo"), ["--prompt_max_len", "100", "--data.max_len=300"])
-    assert (cfg.prompt_max_len, cfg.generate_max_len) == (100, 200)
+    assert (cfg.max_len, cfg.prompt_max_len, cfg.generate_max_len) == (300, 100, 299)
     with pytest.raises(ConfigError, match="--data.max_len 64 leaves no room beside --generate_max_len 64"):
         parse_config("ppo", groups("ppo"), ["--data.max_len", "64", "--generate_max_len", "64"])
-    with pytest.raises(ConfigError, match="give at most two of the three"):
-        parse_config("ppo", groups("ppo"), ["--data.max_len", "64", "--generate_max_len", "8", "--prompt_max_len",
-                                            "8"])
+    cfg = parse_config("ppo", groups("ppo"), ["--data.max_len", "64", "--generate_max_len", "8", "--prompt_max_len",
+                                              "8"])
+    assert (cfg.max_len, cfg.prompt_max_len, cfg.generate_max_len) == (64, 8, 8)
 
 
 def test_nested_and_dotted_yaml_equal_flat_yaml(tmp_path):
@@ -120,7 +122,7 @@ def test_nested_and_dotted_yaml_equal_flat_yaml(tmp_path):
                       "ds.enable_sleep: true\ndata.max_len: 300\nrollout.max_new_tokens: 100\nprompt_data: p\n")
     flat.write_text("pretrain: m\nactor_learning_rate: 2.0e-6\neps_clip_low_high: [0.2, 0.3]\ninit_kl_coef: 0.02\n"
                     "use_kl_loss: true\nvllm_sync_backend: ray\nfsdp_enable_offload: true\nprompt_max_len: 200\n"
-                    "generate_max_len: 100\nprompt_data: p\n")
+                    "generate_max_len: 100\nmax_len: 300\nprompt_data: p\n")
     configs = [parsed("ppo", ["--config", str(path)]) for path in (nested, dotted, flat)]
     assert configs[0] == configs[1] == configs[2]
     assert configs[0]["pretrain"] == "m" and configs[0]["prompt_max_len"] == 200
@@ -196,7 +198,7 @@ def test_openrlhf_launch_scripts_parse_unchanged(name):
     assert cfg.pretrain == "tiny-model"
     if command == "ppo":
         assert cfg.prompt_data == "data.jsonl" and cfg.param_dtype == "bf16"
-        assert cfg.prompt_max_len + cfg.generate_max_len <= 160
+        assert context_len(cfg.prompt_max_len, cfg.generate_max_len, cfg.max_len) <= 160
     else:
         assert cfg.dataset == "data.jsonl" and cfg.packing_samples and cfg.gradient_checkpointing
     n_flags = sum(word.startswith("--") for word in argv)

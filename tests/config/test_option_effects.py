@@ -7,7 +7,7 @@ import ast
 import functools
 from pathlib import Path
 
-from rlhfkit.cli.docs import command_flags, commands
+from rlhfkit.cli.docs import command_aliases, command_flags, commands
 from rlhfkit.config.effects import NoEffect, Tested, effect_of, registry
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +41,15 @@ def _test_source(node_id: str) -> str | None:
 
 
 def _all_flags() -> dict[str, list[str]]:
-    return {command: command_flags(command) for command in commands()}
+    """Every command's flags and their other names (aliases such as --tp_size and --max_new_tokens)."""
+    return {command: command_flags(command) + command_aliases(command) for command in commands()}
+
+
+def test_aliases_are_listed_and_have_their_own_entries():
+    assert {"max_new_tokens", "freeze_visual_encoder", "tp_size"} <= set(command_aliases("ppo"))
+    assert "tp_size" in command_aliases("sft") and "no-freeze_visual_encoder" not in command_aliases("ppo")
+    assert effect_of("ppo", "max_new_tokens") is not effect_of("batch-inference", "max_new_tokens")
+    assert effect_of("sft", "tp_size") is not effect_of("batch-inference", "tp_size")
 
 
 def test_every_option_of_every_command_has_an_entry():
