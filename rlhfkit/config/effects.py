@@ -385,9 +385,7 @@ EFFECTS.update({
     "ppo:sync_logprob_tolerance": _t("one bound for every engine-vs-trainer log-prob check, at start and after "
                                      "each sync (0: off)",
                                      _SYNC + "test_an_engine_computing_with_other_weights_stops_the_run_at_start",
-                                     _SYNC + "test_the_flag_sets_one_bound_and_zero_turns_the_check_off",
-                                     _SYNC + "test_the_start_diff_sets_the_later_bound_and_a_diff_over_it_stops_the_"
-                                             "run"),
+                                     _SYNC + "test_the_flag_sets_one_bound_and_zero_turns_the_check_off"),
 })
 for _command in OFFLINE:  # ppo's max_norm is registered with the PPO algorithm options
     EFFECTS[f"{_command}:max_norm"] = _t("gradients are clipped to this global norm before the step (0: not clipped); "

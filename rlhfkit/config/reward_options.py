@@ -24,9 +24,9 @@ class RewardSourceOptions:
     remote_rm_url: str | None = opt(None, "reward source(s): http(s) URLs, a reward_func .py file, or builtin:NAME",
                                     command_help={"serve-rm": "a reward_func .py file or builtin:math|format|exact"})
     reward_timeout: float = opt(60.0, "seconds a reward function / remote RM may take per batch; builtin:code: "
-                                      "per program run (one over it scores 0)",
-                                command_help={"serve-rm": "seconds per reward_func call (builtin:code: per program "
-                                                          "run)"})
+                                      "each program run gets 5 s, or this where smaller (one over it scores 0)",
+                                command_help={"serve-rm": "seconds per reward_func call (builtin:code: each program "
+                                                          "run 5 s, or this where smaller)"})
     normalize_reward: bool = opt(False, "reward models: (r - reward_mean) / reward_std with the statistics "
                                         "'rlhfkit rm' stored in their config.json")
 

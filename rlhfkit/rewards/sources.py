@@ -85,13 +85,18 @@ def build_reward_source(specs: str | Sequence[str], *, timeout: float | None = D
     return sources[0] if len(sources) == 1 and weights is None else CombinedSource(sources, combine_rule, weights)
 
 
+CODE_PROGRAM_SECONDS = 5.0  # builtin:code's limit per program run (at most --reward_timeout)
+
+
 def builtin_source(spec: str, *, timeout: float | None = DEFAULT_TIMEOUT, error_policy: str = "raise",
                    format_pattern: str | None = None) -> RewardFuncSource:
     """The source of a ``builtin:NAME`` spec. ``timeout`` (``--reward_timeout``) bounds each call, except for
-    ``builtin:code``, which bounds each program it runs by it (0 or None: 60 s) and so gets no batch deadline."""
+    ``builtin:code``, which bounds each program run by ``CODE_PROGRAM_SECONDS`` (5 s), or by ``timeout`` where that is
+    smaller, and so gets no batch deadline: a policy that writes endless loops costs 5 s a program, not a minute."""
     name = spec[len(BUILTIN_PREFIX):]
     if name == "code":
-        program_timeout = float(timeout) if timeout and timeout > 0 else DEFAULT_TIMEOUT
+        program_timeout = min(CODE_PROGRAM_SECONDS, float(timeout)) if timeout and timeout > 0 else \
+            CODE_PROGRAM_SECONDS
         func = get_builtin(name, program_timeout=program_timeout)
         return RewardFuncSource(func, spec, timeout=None, error_policy=error_policy)
     func = get_builtin(name, format_pattern=format_pattern)
