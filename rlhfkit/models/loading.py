@@ -174,7 +174,21 @@ def load_causal_lm(
     )
     if model.config.pad_token_id is None:
         model.config.pad_token_id = load_tokenizer(path).pad_token_id
+    if load_in_4bit:
+        one_4bit_path(model)
     return model
+
+
+def one_4bit_path(model: torch.nn.Module) -> None:
+    """Make every bitsandbytes 4-bit layer compute its no-grad forwards as its training forward does (dequantize,
+    then a matmul in the compute dtype). On a CPU with AVX512-BF16 (and AMX), bitsandbytes 0.50 otherwise repacks a
+    layer's weights in place into a CPU layout at its first eval-mode forward and computes from then on with a bf16
+    kernel: the trainer's log-probs then come from another arithmetic than its gradients, and the repacked bytes no
+    longer dequantize with `dequantize_4bit` (the weight sync sent wrong weights: log-probs off by 0.09-0.12 on AMX
+    and Zen 5 machines, tests/rl/test_lora_rl.py)."""
+    for module in model.modules():
+        if type(module).__name__ == "Linear4bit" and hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
 
 
 def quantization_kwargs(load_in_4bit: bool, compute_dtype: torch.dtype = torch.float32) -> dict:
@@ -233,6 +247,8 @@ def load_scalar_model(
     )
     if not isinstance(getattr(model, VALUE_HEAD, None), torch.nn.Linear):
         raise ValueError(f"{type(model).__name__} has no Linear head named {VALUE_HEAD!r}; rlhfkit needs one")
+    if load_in_4bit:
+        one_4bit_path(model)
     return model
 
 

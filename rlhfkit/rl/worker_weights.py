@@ -25,7 +25,10 @@ def full_named_parameters(model: torch.nn.Module, only: Callable[[str], bool] | 
         if quant_state is not None:  # --load_in_4bit: the engines get dequantized weights
             import bitsandbytes.functional as bnb_functional
 
-            tensor = bnb_functional.dequantize_4bit(param.data, quant_state).to(torch.float32)
+            data = param.data
+            if getattr(quant_state, "packing_format_for_cpu", False):  # bitsandbytes' CPU layout: back to its own
+                data, quant_state = bnb_functional._convert_weight_packed_for_cpu_inverse(data, quant_state)
+            tensor = bnb_functional.dequantize_4bit(data, quant_state).to(torch.float32)
         elif isinstance(tensor, DTensor):
             if tensor.device.type != tensor.device_mesh.device_type:
                 tensor = tensor.to(tensor.device_mesh.device_type)
