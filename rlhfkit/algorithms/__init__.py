@@ -29,6 +29,7 @@ from .preference import (
     pairwise_loss,
     reward_model_loss,
     sequence_log_probs,
+    vanilla_kto_loss,
 )
 from .rewards import (
     AdaptiveKLController,
@@ -89,4 +90,5 @@ __all__ = [
     "shape_rewards",
     "stop_properly_penalty",
     "value_loss",
+    "vanilla_kto_loss",
 ]

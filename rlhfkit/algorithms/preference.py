@@ -1,6 +1,7 @@
 """Preference losses of the offline methods: reward-model pairwise losses (``--loss sigmoid|logexp``,
 ``--margin_loss``), DPO / IPO / cDPO (``--beta``, ``--ipo``, ``--label_smoothing``) and KTO
-(``--desirable_loss_weight``, ``--undesirable_loss_weight``).
+(``--desirable_loss_weight``, ``--undesirable_loss_weight``); vanilla KTO with in-batch reference points
+(:func:`vanilla_kto_loss`, a library function without a flag).
 
 Sequence log-probabilities are ``log pi(y | x) = sum_t log pi(y_t | x, y_<t)`` over response tokens
 (:func:`sequence_log_probs`).
@@ -159,3 +160,34 @@ def kto_loss(
         undesirable_loss_weight * (1.0 - torch.sigmoid(beta * (z - r))),
     )
     return _reduce(losses, reduction), (beta * r).detach(), z
+
+
+def vanilla_kto_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    *,
+    beta: float = 0.1,
+    reduction: str = "mean",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Vanilla KTO for even sampling, as OpenRLHF's ``VanillaKTOLoss`` (adapted from ContextualAI HALOs; in
+    OpenRLHF <= 0.9.5, never used by its KTO trainer; OpenRLHF 0.11 has no KTO): the reference points are in-batch
+    means of the other side's log-ratios instead of mismatched pairs. On sequence log-probs, chosen ``[n_c]`` and
+    rejected ``[n_r]``, with ``r_c = pc - rc``, ``r_r = pr - rr``,
+    ``KL_c = max(0, mean(r_c))``, ``KL_r = max(0, mean(r_r))`` (not detached, as in OpenRLHF's code; local batch):
+    chosen ``l = 1 - sigmoid(beta (r_c - KL_r))``, rejected ``l = 1 - sigmoid(beta (KL_c - r_r))``;
+    the loss reduces the ``n_c + n_r`` losses together (no desirable / undesirable weights).
+
+    Returns ``(loss, chosen_rewards, rejected_rewards)`` with the implicit rewards ``beta r`` (detached).
+    """
+    if beta <= 0:
+        raise ValueError(f"--beta must be > 0, got {beta}")
+    pc, pr, rc, rr = (_f(x) for x in (policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps))
+    r_c, r_r = pc - rc, pr - rr
+    if r_c.numel() == 0 or r_r.numel() == 0:
+        raise ValueError("vanilla KTO needs at least one chosen and one rejected sequence in the batch")
+    kl_c = r_c.mean().clamp(min=0)
+    kl_r = r_r.mean().clamp(min=0)
+    losses = torch.cat((1.0 - torch.sigmoid(beta * (r_c - kl_r)), 1.0 - torch.sigmoid(beta * (kl_c - r_r))), 0)
+    return _reduce(losses, reduction), (beta * r_c).detach(), (beta * r_r).detach()

@@ -1,4 +1,4 @@
-"""Reward-model pairwise losses, DPO / IPO / cDPO and KTO against float64 scalar references."""
+"""Reward-model pairwise losses, DPO / IPO / cDPO, KTO and vanilla KTO against float64 scalar references."""
 
 import math
 
@@ -13,6 +13,7 @@ from rlhfkit.algorithms.preference import (
     pairwise_loss,
     reward_model_loss,
     sequence_log_probs,
+    vanilla_kto_loss,
 )
 
 
@@ -140,6 +141,50 @@ def test_kto_reference_point_is_clamped_and_detached():
     only_undesirable, _, _ = kto_loss(pol, pol.detach(), torch.zeros(2, dtype=torch.bool), pol, pol.detach())
     assert only_undesirable.item() == pytest.approx(0.5)
 
+
+def test_vanilla_kto_matches_openrlhf_formula_float64():
+    """OpenRLHF's VanillaKTOLoss (<= 0.9.5): in-batch reference points, each side judged against the other's."""
+    g = torch.Generator().manual_seed(5)
+    pc, rc = (-torch.rand(4, generator=g, dtype=torch.float64) * 8 for _ in range(2))
+    pr, rr = (-torch.rand(3, generator=g, dtype=torch.float64) * 8 for _ in range(2))
+    pc = pc - 3.0  # a clearly negative chosen mean log-ratio: KL_c clamps to 0 on one side at least sometimes
+    beta = 0.7
+    rc_list = [a - b for a, b in zip(pc.tolist(), rc.tolist())]
+    rr_list = [a - b for a, b in zip(pr.tolist(), rr.tolist())]
+    kl_c = max(0.0, math.fsum(rc_list) / len(rc_list))
+    kl_r = max(0.0, math.fsum(rr_list) / len(rr_list))
+    per = [1 - sigmoid(beta * (x - kl_r)) for x in rc_list] + [1 - sigmoid(beta * (kl_c - x)) for x in rr_list]
+    loss, cr, rj = vanilla_kto_loss(pc, pr, rc, rr, beta=beta)
+    assert loss.item() == pytest.approx(math.fsum(per) / len(per), rel=1e-12)
+    assert cr.tolist() == pytest.approx([beta * x for x in rc_list], rel=1e-12)
+    assert rj.tolist() == pytest.approx([beta * x for x in rr_list], rel=1e-12)
+    per_row, _, _ = vanilla_kto_loss(pc, pr, rc, rr, beta=beta, reduction="none")
+    assert per_row.tolist() == pytest.approx(per, rel=1e-12)
+
+
+def test_vanilla_kto_reference_points_carry_gradient_and_clamp():
+    """As OpenRLHF's code: KL_c / KL_r are not detached, so a chosen log-prob also moves the rejected rows' loss;
+    a negative mean clamps to 0 (no gradient through it)."""
+    pc = torch.tensor([0.5, 1.5], dtype=torch.float64, requires_grad=True)
+    pr = torch.tensor([-2.0], dtype=torch.float64, requires_grad=True)
+    zero2, zero1 = torch.zeros(2, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+    loss, _, _ = vanilla_kto_loss(pc, pr, zero2, zero1, beta=1.0)
+    loss.backward()
+    # KL_c = 1.0 (mean of 0.5, 1.5), KL_r = max(0, -2) = 0; rows: 1 - s(0.5), 1 - s(1.5), 1 - s(1 + 2)
+    s = sigmoid
+    assert loss.item() == pytest.approx(((1 - s(0.5)) + (1 - s(1.5)) + (1 - s(3.0))) / 3, rel=1e-12)
+    ds = lambda x: s(x) * (1 - s(x))  # noqa: E731
+    # d/d pc_i: -ds(pc_i) / 3 from its own row, -ds(3) * (1/2) / 3 through KL_c in the rejected row
+    assert pc.grad.tolist() == pytest.approx([-(ds(0.5) + ds(3.0) / 2) / 3, -(ds(1.5) + ds(3.0) / 2) / 3], rel=1e-12)
+    assert pr.grad.tolist() == pytest.approx([ds(3.0) / 3], rel=1e-12)  # KL_r clamped: only its own row
+
+
+def test_vanilla_kto_refuses_bad_input():
+    x = torch.zeros(2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="--beta must be > 0"):
+        vanilla_kto_loss(x, x, x, x, beta=0.0)
+    with pytest.raises(ValueError, match="at least one chosen and one rejected"):
+        vanilla_kto_loss(x, x[:0], x, x[:0])
 
 def test_dpo_extreme_log_ratios_reach_their_limits():
     """Rows h = +1e4, -1e4 and -inf (a chosen response the policy cannot emit), fed for real: each row's loss,
