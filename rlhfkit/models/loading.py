@@ -188,7 +188,7 @@ def one_4bit_path(model: torch.nn.Module) -> None:
     and Zen 5 machines, tests/rl/test_lora_rl.py)."""
     for module in model.modules():
         if type(module).__name__ == "Linear4bit" and hasattr(module, "support_avx512bf16_for_cpu"):
-            module.support_avx512bf16_for_cpu = False
+            setattr(module, "support_avx512bf16_for_cpu", False)  # noqa: B010 (a bitsandbytes attribute, untyped)
 
 
 def quantization_kwargs(load_in_4bit: bool, compute_dtype: torch.dtype = torch.float32) -> dict:
