@@ -5,6 +5,7 @@ scheduler, the trainer's position (step, epoch, samples consumed), every rank's 
 ranks that wrote it (`world_size` in trainer_state.json).
 A checkpoint is written under `<name>.tmp` and renamed when complete, so a crash never leaves a
 half-written folder that `--load_checkpoint` would pick up.
+The scheduler and RNG files are plain data and tensors (`rlhfkit.engine.safe_state`): loading never unpickles code.
 
 Resume on a different number of ranks: DCP reshards the model and optimizer state to the new world size. RNG rule:
 rank r takes the saved rank r's state when the checkpoint has one; a rank the saved run did not have (more ranks
@@ -33,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from rlhfkit.engine.distributed import barrier
+from rlhfkit.engine.safe_state import dcp_load, load_state, save_state
 
 log = logging.getLogger("rlhfkit")
 
@@ -139,9 +141,9 @@ def save_checkpoint(ckpt_path: str | Path, step: int, model: torch.nn.Module, op
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / name))
     for name, tensors in (extra_state or {}).items():
         dcp.save(tensors, checkpoint_id=str(tmp / name))
-    torch.save(rng_state(), tmp / f"rng_rank{_rank()}.pt")
+    save_state(rng_state(), tmp / f"rng_rank{_rank()}.pt")
     if _rank() == 0:
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        save_state(scheduler.state_dict(), tmp / "scheduler.pt")
         state = {**trainer_state, "step": step, "world_size": _world_size()}
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
     barrier()
@@ -172,7 +174,7 @@ def load_checkpoint(ckpt_path: str | Path, model: torch.nn.Module, optimizer: to
     for name, (mod, opt) in models.items():
         msd, osd = get_state_dict(mod, opt)
         state: dict[str, Any] = {"model": msd, "optim": osd}
-        dcp.load(state, checkpoint_id=str(folder / name))
+        dcp_load(state, folder / name)
         set_state_dict(mod, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     for name, tensors in (extra_state or {}).items():  # loaded in place (resharded like the model)
         if not (folder / name).is_dir():
@@ -181,13 +183,13 @@ def load_checkpoint(ckpt_path: str | Path, model: torch.nn.Module, optimizer: to
             raise ConfigError(f"--load_checkpoint: {folder} holds no '{name}' state (the run that wrote it did not "
                               f"keep one: for 'ema', it ran without --enable_ema); resume without that option, "
                               "or start fresh")
-        dcp.load(tensors, checkpoint_id=str(folder / name))
-    scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+        dcp_load(tensors, folder / name)
+    scheduler.load_state_dict(load_state(folder / "scheduler.pt", "the lr scheduler state"))
     state = json.loads((folder / "trainer_state.json").read_text())
     saved = int(state.get("world_size") or len(list(folder.glob("rng_rank*.pt"))))
     world, rank = _world_size(), _rank()
     if rank < saved:
-        set_rng_state(torch.load(folder / f"rng_rank{rank}.pt", weights_only=False))
+        set_rng_state(load_state(folder / f"rng_rank{rank}.pt", f"rank {rank}'s RNG state"))
     else:
         seed_all(derived_rng_seed(seed, state["step"], rank))
     if saved != world and rank == 0:

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from rlhfkit.config.commands import PPOConfig
+from rlhfkit.engine.safe_state import load_state, save_state
 from rlhfkit.rl.engine_faults import EngineFaults, engine_fault
 from rlhfkit.rollout.partial import VERSIONS_KEY, generate_in_chunks
 from rlhfkit.rollout.types import RolloutSample, SamplingConfig
@@ -192,7 +193,7 @@ def save_pending(cfg: PPOConfig, step: int, rollouts: list[Collected]) -> None:
     path = pending_path(cfg, step)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save(list(rollouts), tmp)
+    save_state(list(rollouts), tmp)
     tmp.replace(path)
     kept = sorted(path.parent.glob("pending_rollout_step*.pt"), key=lambda p: int(p.stem.rsplit("step", 1)[1]))
     for old in kept[:-max(1, cfg.max_ckpt_num)]:
@@ -206,7 +207,7 @@ def load_pending(cfg: PPOConfig, step: int) -> list[Collected]:
         log.warning("--async_train resume: no rollout generated ahead at step %d (%s); generating it now with the "
                     "resumed weights, so this run is not bit-identical to an uninterrupted async run", step, path)
         return []
-    loaded = torch.load(path, weights_only=False)
+    loaded = load_state(path, "the rollouts generated ahead (--async_train)")
     rollouts = [loaded] if isinstance(loaded, tuple) else list(loaded)
     log.info("--async_train resume: %d rollout(s) generated ahead before step %d are trained first (%s)",
              len(rollouts), step, path)

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from ppo_helpers import run, series
 
+from rlhfkit.engine.safe_state import load_state
 from rlhfkit.errors import ConfigError
 from rlhfkit.rl import async_rollout
 
@@ -83,7 +83,7 @@ def test_a_queue_of_two_keeps_every_sample_at_most_two_versions_stale(tiny_model
     trace = _trace(tmp_path)
     assert len(trace) == 3 * 32 and [r["staleness"] for r in trace[::32]] == [0, 1, 2]
     assert all(r["policy_version"] == r["step"] - 1 - r["staleness"] for r in trace)
-    pending = torch.load(tmp_path / "ckpt" / "driver" / "pending_rollout_step1.pt", weights_only=False)
+    pending = load_state(tmp_path / "ckpt" / "driver" / "pending_rollout_step1.pt", "pending")
     assert len(pending) == 2 and all(s.extra["policy_versions"][0] == 0 for r, _, _ in pending for s in r.samples)
 
 
@@ -116,5 +116,5 @@ def test_partial_rollouts_resume_across_the_sync_with_mixed_versions(tiny_model_
         assert versions == sorted(versions) and versions[0] == row["policy_version"] == max(0, row["step"] - 2)
         assert row["token_policy_versions"] is None or versions[2] == row["step"] - 1  # chunk 1 on: new weights
     # the checkpoint of step 1 kept step 2's rollout (finished first), mixed versions and all
-    [(rollout, _, _)] = torch.load(tmp_path / "ckpt" / "driver" / "pending_rollout_step1.pt", weights_only=False)
+    [(rollout, _, _)] = load_state(tmp_path / "ckpt" / "driver" / "pending_rollout_step1.pt", "pending")
     assert any(len(set(s.extra["policy_versions"])) == 2 for s in rollout.samples)
