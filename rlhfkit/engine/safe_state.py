@@ -221,7 +221,7 @@ def dcp_load(state: dict[str, Any], folder: str | Path) -> None:
     refused: list[UnsafeCheckpointError] = []
     try:
         dcp.load(state, storage_reader=_safe_reader(folder, refused))
-    except Exception as err:
+    except BaseException as err:  # DCP's CheckpointException derives from BaseException
         if refused:  # DCP wraps it in a CheckpointException: raise ours
             raise refused[0] from None
         if "refused to load the torch.distributed.checkpoint metadata" in str(err):  # the reader was copied
