@@ -39,6 +39,11 @@ class WeightSyncMismatch(RuntimeError):
     """An engine's log-probs differ from the trainer's by more than the bound after weights were loaded."""
 
 
+class UnsafeCheckpointError(ConfigError):
+    """A checkpoint file that holds something other than plain data and tensors: refused, never unpickled
+    (rlhfkit.engine.safe_state); the message names the file and what to do."""
+
+
 class ReportError(ValueError):
     """The run folder cannot be reported on (it does not exist, or has no metrics.jsonl)."""
 

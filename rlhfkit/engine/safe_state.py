@@ -5,7 +5,7 @@ checkpoint folder someone hands you could run code at `--load_checkpoint`. rlhfk
 scheduler, each rank's RNG states, the rollouts an --async_train run generated ahead) with `save_state`: the object
 is first encoded into what torch's restricted unpickler accepts (dicts, lists, tuples, str, int, float, bool, None,
 tensors), with a tagged dict for each numpy array or scalar, set, PIL image (PNG bytes) and dataclass of a fixed list
-(`SAFE_DATACLASSES`); anything else is refused when saving. `load_state` reads it back with `weights_only=True`: a
+(`register_dataclasses`); anything else is refused when saving. `load_state` reads it back with `weights_only=True`: a
 file that holds anything else (a crafted pickle, or the pickled format of older rlhfkit versions) is refused with
 `UnsafeCheckpointError` naming the file, before any of its objects is built.
 
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlhfkit.errors import ConfigError
+from rlhfkit.errors import UnsafeCheckpointError
 
 FORMAT_KEY = "__rlhfkit_state_format__"
 FORMAT = 1
@@ -33,15 +33,20 @@ _DICT, _DATACLASS, _NDARRAY, _NPSCALAR, _SET, _IMAGE = (f"{_TAG}{k}__" for k in
                                                        ("dict", "dataclass", "ndarray", "npscalar", "set", "image"))
 
 
-class UnsafeCheckpointError(ConfigError):
-    """A checkpoint file that holds something other than plain data and tensors (never unpickled)."""
+_SAFE_DATACLASSES: dict[str, type] = {}
+
+
+def register_dataclasses(*classes: type) -> None:
+    """Allow these dataclasses in saved state (rebuilt from their fields on load). The layer that owns them
+    registers them (rlhfkit.rl.async_rollout: the pending rollouts), so this module imports nothing above it."""
+    for cls in classes:
+        if not dataclasses.is_dataclass(cls):
+            raise TypeError(f"{cls!r} is not a dataclass")
+        _SAFE_DATACLASSES[f"{cls.__module__}.{cls.__qualname__}"] = cls
 
 
 def _safe_dataclasses() -> dict[str, type]:
-    from rlhfkit.rl.make_experience import Rollout, Timer
-    from rlhfkit.rollout.types import RolloutSample, SamplingConfig
-
-    return {f"{c.__module__}.{c.__qualname__}": c for c in (Rollout, Timer, RolloutSample, SamplingConfig)}
+    return _SAFE_DATACLASSES
 
 
 def _passthrough(obj: Any) -> bool:

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from local_cluster import cluster_pids
 
+from rlhfkit.rl.sync_check import PROBE_SEQUENCES
+
 REWARD = Path(__file__).parent.parent / "rl" / "letters_reward.py"
 # the per-step metrics compared between the 3-node and the one-node run, and how close they must be: the same
 # seed gives the same samples (engine k seeded seed + k on both) and the same fp32 updates up to the reduction
@@ -103,7 +105,8 @@ def test_roles_spread_over_three_nodes_match_one_node(three_node_cluster, tiny_m
     assert [r["step"] for r in multi] == [1, 2] and all(r["sync/logprob_diff"] <= 1e-3 for r in multi)
     # --vllm_num_engines 2: the prompts of each step split between the engines (4 a step: one contiguous half each);
     # the run joined by --ray_address with --pretrain the tiny model and no --verbose: a quiet console
-    assert [e["prompts_generated"] for e in manifest["placement"] if "engine" in e] == [4, 4]
+    # (engine 0 also sampled the weight-sync check's probe at start: PROBE_SEQUENCES prompts)
+    assert [e["prompts_generated"] for e in manifest["placement"] if "engine" in e] == [4 + PROBE_SEQUENCES, 4]
     assert_joined_with_a_quiet_console(tmp_path / "multi")
 
     assert len({e["node_id"] for e in one_manifest["placement"]}) == 1

@@ -14,6 +14,7 @@ import pytest
 from rlhfkit.config.parse import flags_to_argv, parse_config
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
 from rlhfkit.rl.ppo_trainer import train_ppo
+from rlhfkit.rl.sync_check import PROBE_SEQUENCES
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
@@ -86,7 +87,8 @@ def test_one_engine_from_flags_on_a_mixture_of_experts_model(ray_cluster, tmp_pa
         assert row["sync/logprob_diff"] <= 1e-3 and row["sync/logprob_diff_max"] < 1e-2
         assert row["train/grad_norm"] > 0
     [engine] = placed(manifest, "engine")
-    assert (engine["backend"], engine["dtype"], engine["prompts_generated"]) == ("vllm", "float32", 8)
+    # 8 rollout prompts, and the sync check's probe prompts sampled once at start
+    assert (engine["backend"], engine["dtype"], engine["prompts_generated"]) == ("vllm", "float32", 8 + PROBE_SEQUENCES)
     [actor] = placed(manifest, "actor")
     assert_ray_agrees(ray_cluster, [engine, actor])
 

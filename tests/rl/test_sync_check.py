@@ -32,7 +32,7 @@ def test_the_bound_follows_the_dtypes_and_the_noise_at_start(trainer, engine, st
 def _probe(**overrides):
     prompts = [{"prompt_ids": list(range(100 * k, 100 * k + 60))} for k in range(1, 7)]
     cfg = SimpleNamespace(**{"prompt_max_len": 20, "generate_max_len": 4, "sync_logprob_tolerance": None,
-                             "param_dtype": "bf16", "vllm_dtype": "bf16", "seed": 7, **overrides})
+                             "param_dtype": "bf16", "vllm_dtype": "bf16", "seed": 7, "max_len": 0, **overrides})
     return SyncCheck.from_run(prompts, cfg)
 
 
@@ -123,7 +123,7 @@ def test_each_fault_is_caught_and_a_correct_sync_is_not_at_both_precisions(dtype
                                                           add_generation_prompt=True, tokenize=True,
                                                           return_dict=True)["input_ids"]} for r in echo_rows(6, seed=3)]
         cfg = SimpleNamespace(prompt_max_len=128, generate_max_len=16, sync_logprob_tolerance=None,
-                              param_dtype=dtype, vllm_dtype=dtype, seed=0)
+                              param_dtype=dtype, vllm_dtype=dtype, seed=0, max_len=0)
         probe = SyncCheck.from_run(prompts, cfg)
         probe.sample_responses(engine)
         start = dict(tiny_model_weights)

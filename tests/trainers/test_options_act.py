@@ -231,7 +231,8 @@ def test_gradient_checkpointing_flags_reach_the_model(tiny_model_dir):
 
 def test_zero_stage_decides_whether_parameters_stay_gathered_after_forward(tiny_model_dir):
     """FSDP2 with bf16 compute on one gloo rank: --zero_stage 2 keeps the gathered (plain) parameters from
-    forward to backward, 3 reshards them (DTensor) right after forward."""
+    forward to backward, 3 reshards them (DTensor) right after forward. (One rank in bf16 trains on master weights
+    without FSDP2, rlhfkit.engine.master_weights; --adam_offload keeps it on FSDP2, as several ranks do.)"""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
@@ -244,7 +245,7 @@ def test_zero_stage_decides_whether_parameters_stay_gathered_after_forward(tiny_
     try:
         kinds = {}
         for stage in ("2", "3"):
-            engine = _engine(tiny_model_dir, ["--zero_stage", stage, "--param_dtype", "bf16"])
+            engine = _engine(tiny_model_dir, ["--zero_stage", stage, "--param_dtype", "bf16", "--adam_offload"])
             engine.model(input_ids=torch.tensor([[1, 2, 3, 4]]))
             layer = engine.model.model.layers[0]
             kinds[stage] = isinstance(next(layer.parameters()), DTensor)
