@@ -181,8 +181,8 @@ def test_an_engine_computing_with_other_weights_stops_the_run_at_start(ray_clust
              "param_dtype": "fp32", "run_dir": str(tmp_path / "run")}
     try:
         with pytest.raises(WeightSyncMismatch, match=r"start \(this run's weights pushed into the given engines\): "
-                                                     r"rollout engine 0 of 1 .* the bound for trainer fp32, engine "
-                                                     r"fp32 is 0\.001") as info:
+                                                     r"rollout engine 0 of 1 .* the bound \(trainer fp32, engine "
+                                                     r"fp32\) is 0\.001: the fp32 bound") as info:
             build_setup(parse_config("ppo", None, flags_to_argv(flags)), engines=[faulty])
         # the diff the error reports: far over fp32's bound, yet small enough that only a check like this one sees
         # it. (Read from the error, not from a second set-up with --sync_logprob_tolerance 0.5: one set-up fewer keeps

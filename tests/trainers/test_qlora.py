@@ -22,7 +22,7 @@ def test_sft_load_in_4bit_trains_lora_on_an_nf4_base_and_the_adapter_reloads(tin
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlhfkit.cli.sft import main as sft_main
-    from rlhfkit.models.loading import quantization_kwargs
+    from rlhfkit.models.loading import one_4bit_path, quantization_kwargs
     from rlhfkit.trainers import loop
 
     data = write_jsonl(echo_rows(32, seed=3), tmp_path / "train.jsonl")
@@ -55,6 +55,7 @@ def test_sft_load_in_4bit_trains_lora_on_an_nf4_base_and_the_adapter_reloads(tin
     assert (saved / "adapter_config.json").is_file() and (saved / "adapter_model.safetensors").is_file()
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32,
                                                 **quantization_kwargs(True, torch.float32))
+    one_4bit_path(base)  # as rlhfkit loads 4-bit models: the training arithmetic in eval too (AVX512-BF16 CPUs)
     reloaded = PeftModel.from_pretrained(base, saved).eval()
     with torch.no_grad():
         logits = reloaded(input_ids=ids).logits
