@@ -38,13 +38,12 @@ class MasterWeights:
     """fp32 masters (`masters`, a copy of the model) of a model whose parameters compute in `dtype`."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
-        self.model = model
-        self.dtype = dtype
         self.masters = copy.deepcopy(model)  # fp32: the same names, the same ties
         cast_parameters(model, dtype)
         self.pairs = list(zip(model.parameters(), self.masters.parameters(), strict=True))
-        self._hooks = [param.register_post_accumulate_grad_hook(self._to_master(master))
-                       for param, master in self.pairs if param.requires_grad]
+        for param, master in self.pairs:
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(self._to_master(master))
 
     @staticmethod
     def _to_master(master: nn.Parameter) -> Any:

@@ -45,10 +45,6 @@ def register_dataclasses(*classes: type) -> None:
         _SAFE_DATACLASSES[f"{cls.__module__}.{cls.__qualname__}"] = cls
 
 
-def _safe_dataclasses() -> dict[str, type]:
-    return _SAFE_DATACLASSES
-
-
 def _passthrough(obj: Any) -> bool:
     return obj is None or isinstance(obj, (bool, int, float, str, bytes, torch.Tensor, torch.dtype, torch.device,
                                            torch.Size)) and not isinstance(obj, np.generic)
@@ -64,7 +60,7 @@ def encode(obj: Any, where: str = "state") -> Any:
         return {_NPSCALAR: str(obj.dtype), "data": _array_tensor(np.asarray(obj), where)}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         name = f"{type(obj).__module__}.{type(obj).__qualname__}"
-        if name not in _safe_dataclasses():
+        if name not in _SAFE_DATACLASSES:
             raise TypeError(f"{where}: a {name} cannot be saved in a checkpoint (not one of the known dataclasses)")
         return {_DATACLASS: name, "fields": {f.name: encode(getattr(obj, f.name), f"{where}.{f.name}")
                                              for f in dataclasses.fields(obj)}}
@@ -114,7 +110,7 @@ def decode(obj: Any) -> Any:
     if _NPSCALAR in obj:
         return obj["data"].numpy().astype(np.dtype(obj[_NPSCALAR]))[0]
     if _DATACLASS in obj:
-        cls = _safe_dataclasses().get(obj[_DATACLASS])
+        cls = _SAFE_DATACLASSES.get(obj[_DATACLASS])
         if cls is None:
             raise UnsafeCheckpointError(f"unknown dataclass {obj[_DATACLASS]!r} in a checkpoint")
         fields = {k: decode(v) for k, v in obj["fields"].items()}
@@ -226,12 +222,7 @@ def dcp_load(state: dict[str, Any], folder: str | Path) -> None:
     refused: list[UnsafeCheckpointError] = []
     try:
         dcp.load(state, storage_reader=_safe_reader(folder, refused))
-    except BaseException as err:  # DCP's CheckpointException derives from BaseException
-        if refused:  # DCP wraps it in a CheckpointException: raise ours
+    except BaseException:  # DCP wraps the reader's refusal in a CheckpointException, a BaseException: raise ours
+        if refused:
             raise refused[0] from None
-        if "refused to load the torch.distributed.checkpoint metadata" in str(err):  # the reader was copied
-            raise UnsafeCheckpointError(
-                f"{Path(folder) / '.metadata'}: refused to load the torch.distributed.checkpoint metadata: it holds "
-                "objects other than DCP's metadata classes, so it is not unpickled (loading it could run code); "
-                "resume from another checkpoint or start fresh") from None
         raise

@@ -13,15 +13,6 @@ from rlhfkit.engine import checkpoint
 from rlhfkit.engine.checkpoint import derived_rng_seed, load_checkpoint, save_checkpoint
 
 
-def _model():
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 2)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    model(torch.ones(1, 4)).sum().backward()
-    optimizer.step()
-    return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-
-
 class _Lines(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.INFO)
@@ -37,8 +28,8 @@ def _place(monkeypatch, rank: int, world: int) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # DCP without a process group
-def test_each_rank_takes_its_saved_rng_or_a_derived_one(tmp_path, monkeypatch):
-    model, optimizer, scheduler = _model()
+def test_each_rank_takes_its_saved_rng_or_a_derived_one(tmp_path, monkeypatch, stepped_linear):
+    model, optimizer, scheduler = stepped_linear
     _place(monkeypatch, 0, 1)
     torch.manual_seed(123)
     saved_torch = torch.get_rng_state()

@@ -32,27 +32,17 @@ class _Payload:
         return (Path.write_text, (self.marker, "pwned"))
 
 
-def _model():
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 2)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    model(torch.ones(1, 4)).sum().backward()
-    optimizer.step()
-    return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-
-
-def _saved(tmp_path: Path, monkeypatch) -> tuple[Path, tuple]:
+def _saved(tmp_path: Path, monkeypatch, parts: tuple) -> tuple[Path, tuple]:
     monkeypatch.setattr(checkpoint, "_rank", lambda: 0)
     monkeypatch.setattr(checkpoint, "_world_size", lambda: 1)
-    parts = _model()
     model, optimizer, scheduler = parts
     save_checkpoint(tmp_path / "ckpt", 3, model, optimizer, scheduler, {"epoch": 0}, max_keep=1)
     return tmp_path / "ckpt" / "global_step3", parts
 
 
 @pytest.mark.parametrize("name", ["scheduler.pt", "rng_rank0.pt"])
-def test_a_crafted_scheduler_or_rng_file_is_refused_and_runs_nothing(tmp_path, monkeypatch, name):
-    folder, (model, optimizer, scheduler) = _saved(tmp_path, monkeypatch)
+def test_a_crafted_scheduler_or_rng_file_is_refused_and_runs_nothing(tmp_path, monkeypatch, name, stepped_linear):
+    folder, (model, optimizer, scheduler) = _saved(tmp_path, monkeypatch, stepped_linear)
     marker = tmp_path / "marker"
     torch.save({"last_epoch": 1, "x": _Payload(marker)}, folder / name)
     with pytest.raises(UnsafeCheckpointError, match=rf"{name}: refused to load .*convert_trusted"):
@@ -71,8 +61,8 @@ def test_a_crafted_async_rollout_file_is_refused_and_runs_nothing(tmp_path):
     assert not marker.exists()
 
 
-def test_old_pickled_rng_files_are_refused_and_can_be_converted_when_trusted(tmp_path, monkeypatch):
-    folder, (model, optimizer, scheduler) = _saved(tmp_path, monkeypatch)
+def test_old_pickled_rng_files_are_refused_and_can_be_converted_when_trusted(tmp_path, monkeypatch, stepped_linear):
+    folder, (model, optimizer, scheduler) = _saved(tmp_path, monkeypatch, stepped_linear)
     random.seed(4)
     np.random.seed(4)
     torch.manual_seed(4)
@@ -93,7 +83,7 @@ def test_old_pickled_rng_files_are_refused_and_can_be_converted_when_trusted(tmp
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
 
 
-def test_rng_and_scheduler_state_round_trip_exactly(tmp_path, monkeypatch):
+def test_rng_and_scheduler_state_round_trip_exactly(tmp_path, monkeypatch, stepped_linear):
     random.seed(11)
     np.random.seed(12)
     torch.manual_seed(13)
@@ -114,7 +104,7 @@ def test_rng_and_scheduler_state_round_trip_exactly(tmp_path, monkeypatch):
     torch.set_rng_state(state["torch"])
     assert after == (random.random(), float(np.random.rand()), float(torch.rand(1)))
 
-    _, _, scheduler = _model()
+    _, _, scheduler = stepped_linear
     scheduler.step()
     save_state(scheduler.state_dict(), tmp_path / "scheduler.pt")
     assert load_state(tmp_path / "scheduler.pt", "scheduler") == scheduler.state_dict()
@@ -147,9 +137,9 @@ def test_saving_an_unknown_object_fails_at_save_time(tmp_path):
         save_state({"f": _Payload(tmp_path / "m")}, tmp_path / "x.pt")
 
 
-def test_a_crafted_dcp_metadata_file_is_refused_and_runs_nothing(tmp_path, monkeypatch):
+def test_a_crafted_dcp_metadata_file_is_refused_and_runs_nothing(tmp_path, monkeypatch, stepped_linear):
     """DCP reads `.metadata` with plain `pickle.load`; rlhfkit reads it with a restricted unpickler."""
-    folder, (model, optimizer, scheduler) = _saved(tmp_path, monkeypatch)
+    folder, (model, optimizer, scheduler) = _saved(tmp_path, monkeypatch, stepped_linear)
     load_checkpoint(tmp_path / "ckpt", model, optimizer, scheduler)  # the real metadata passes
     marker = tmp_path / "marker"
     (folder / "model" / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
