@@ -3,7 +3,8 @@ rlhfkit/, function-level and `TYPE_CHECKING` imports included, so a lazy import 
 tests/algorithms/test_purity.py (`algorithms` imports nothing of ours).
 
 Dependencies point one way: cli -> (trainers | rl | inference) -> launch -> (engine, rollout, rewards, agents) ->
-(models, data, algorithms); `config`, `errors` and `userfiles` (the user-file importer) sit below them all."""
+(models, data, algorithms); `config`, `errors` and `userfiles` (the user-file importer) sit below them all, and
+`observability` (what a run records and renders, used from every layer) imports only `config` and `errors`."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ FORBIDDEN: dict[str, set[str]] = {
     "rollout": COMMANDS | ONLINE | {"launch"},
     "engine": COMMANDS | ONLINE | {"launch", "rollout"},
     "data": COMMANDS | ONLINE | {"launch", "rollout", "engine", "rewards", "agents"},
+    # what a run records and renders: read by every layer, so it imports only config and errors
+    "observability": COMMANDS | ONLINE | {"launch", "rollout", "engine", "rewards", "agents", "models", "data",
+                                          "algorithms", "inference"},
 }
 # Import cycles between modules that are known and owned elsewhere (the effect registry merges its ppo table lazily).
 KNOWN_CYCLES = [{"rlhfkit.config.effects", "rlhfkit.config.effects_ppo"}]

@@ -2,7 +2,7 @@
 
 Each Ray actor reports its own Ray actor id, node id, placement group id and process id (`whereabouts`); the
 driver writes the list into the run's manifest.json under `placement` at start, and again at the end with each
-engine's count of prompts generated (how the rollouts were spread). The ids are Ray's, so they can be checked
+engine's count of prompts generated (how the rollouts were spread). `rlhfkit.rl.placement.collect_whereabouts` asks every actor. The ids are Ray's, so they can be checked
 against Ray's own tables (`ray._private.state.actors(actor_id)`, `ray.util.placement_group_table`).
 """
 
@@ -23,17 +23,6 @@ def whereabouts(**facts: Any) -> dict[str, Any]:
     return {**facts, "actor_id": context.get_actor_id(), "node_id": context.get_node_id(),
             "placement_group_id": context.get_placement_group_id(), "pid": os.getpid(),
             "host": socket.gethostname()}
-
-
-def collect_whereabouts(groups: list[Any], engines: list[Any]) -> list[dict[str, Any]]:
-    """Every rank of every model group, then every engine (`engine` = its index in the run's list). Each call has
-    the run's deadline (--remote_call_timeout): a hung or dead rank or engine raises `RemoteCallTimeout` /
-    `RemoteActorDied` naming it (role, rank, node, `whereabouts`), as every other call of the run does."""
-    from rlhfkit.rollout.remote import call_all
-
-    ranks = [entry for group in groups for entry in call_all(group.workers, "whereabouts", role=group.role)]
-    found = call_all(engines, "whereabouts", role="engine") if engines else []
-    return ranks + [{**entry, "engine": k} for k, entry in enumerate(found)]
 
 
 def record_placement(run_dir: str | Path, entries: list[dict[str, Any]]) -> None:

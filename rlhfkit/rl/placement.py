@@ -12,6 +12,7 @@ from typing import Any
 from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.plan import RLPlan
 from rlhfkit.rl.group import make_placement_group
+from rlhfkit.rollout.remote import call_all
 
 
 @dataclass
@@ -59,3 +60,10 @@ def plan_placement(cfg: PPOConfig, plan: RLPlan, reward_specs: list[str], create
     return p
 
 
+def collect_whereabouts(groups: list[Any], engines: list[Any]) -> list[dict[str, Any]]:
+    """Every rank of every model group, then every engine (`engine` = its index in the run's list). Each call has
+    the run's deadline (--remote_call_timeout): a hung or dead rank or engine raises `RemoteCallTimeout` /
+    `RemoteActorDied` naming it (role, rank, node, `whereabouts`), as every other call of the run does."""
+    ranks = [entry for group in groups for entry in call_all(group.workers, "whereabouts", role=group.role)]
+    found = call_all(engines, "whereabouts", role="engine") if engines else []
+    return ranks + [{**entry, "engine": k} for k, entry in enumerate(found)]

@@ -26,7 +26,8 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.observability.console import print_derived_table, progress_bar
 from rlhfkit.observability.metrics import MetricsLogger, is_extremum, merge_metrics
 from rlhfkit.observability.mfu import mfu
-from rlhfkit.observability.placement import collect_whereabouts, record_placement
+from rlhfkit.observability.placement import record_placement
+from rlhfkit.rl.placement import collect_whereabouts
 from rlhfkit.observability.trace import add_loss_weights, take_trainer_mismatch, write_step_trace
 from rlhfkit.rewards.base import failure_metrics
 from rlhfkit.rl.async_rollout import (

@@ -26,12 +26,12 @@ from rlhfkit.launch.preflight import preflight
 from rlhfkit.launch.ray_cluster import cluster_has_gpus, start_ray
 from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_ids
 from rlhfkit.observability.mfu import FlopModel
-from rlhfkit.observability.placement import collect_whereabouts, record_placement
+from rlhfkit.observability.placement import record_placement
 from rlhfkit.observability.run import prepare_run_dir, record_resume
 from rlhfkit.rl.colocation import Phases
 from rlhfkit.rl.group import ModelGroup
 from rlhfkit.rl.make_experience import PromptStream
-from rlhfkit.rl.placement import Placement, plan_placement
+from rlhfkit.rl.placement import Placement, collect_whereabouts, plan_placement
 from rlhfkit.rl.reward_group import RolloutRewards, model_specs, text_sources
 from rlhfkit.rl.sync_check import SyncCheck
 from rlhfkit.rl.validate import validate_rl

@@ -164,7 +164,7 @@ def test_hung_rank_or_engine_in_collect_whereabouts_is_named(ray_cluster, short_
     there hits the deadline and is named, as in any other call of the run."""
     from types import SimpleNamespace
 
-    from rlhfkit.observability.placement import collect_whereabouts
+    from rlhfkit.rl.placement import collect_whereabouts
 
     cls = ray_cluster.remote(_Whereabouts).options(num_cpus=0)
     fine, hung, engine_fine, engine_hung = cls.remote(False), cls.remote(True), cls.remote(False), cls.remote(True)
