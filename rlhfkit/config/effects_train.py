@@ -141,6 +141,10 @@ TRAIN_EFFECTS: dict[str, Effect] = {
     "zero_stage": _t("3 reshards parameters after forward, 2 keeps them gathered (FSDP2, when sharding applies)",
                      _OPT + "test_zero_stage_decides_whether_parameters_stay_gathered_after_forward"),
     "adam_offload": NoEffect(_CUDA_ONLY),
+    "master_weights_rounding": _t("one rank in bf16: nearest rounds the fp32 masters into the compute copy by a cast; "
+                                  "stochastic gives each weight a bf16 neighbour at the odds that make it unbiased",
+                                  "tests/engine/test_master_weights.py::"
+                                  "test_master_weights_rounding_flag_decides_how_the_engine_rounds"),
     "seed": _t("the data mix and the epoch order", _OPT + "test_seed_decides_the_mix_and_the_epoch_order"),
     "ppo:seed": _t("the sampling seed of the engines", _SAMPLING, _PPO + "test_engine_options_from_the_rollout_flags"),
     "batch-inference:seed": _t("the sampling seed", _BI + "test_sampling_and_tokenizer_flags_reach_generation",

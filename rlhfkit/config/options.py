@@ -190,6 +190,11 @@ class TrainOptions:
                              "reshard_after_forward=False); 3: reshard after forward", choices=[2, 3])
     adam_offload: bool = opt(False, "FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer state on CPU "
                                     "(CUDA only; on CPU everything already lives in host memory)")
+    master_weights_rounding: str = opt("stochastic", "bf16 on one rank (fp32 master weights beside a bf16 compute "
+                                                     "copy): how the masters are rounded into the copy the forward "
+                                                     "and the rollout engines use after each step; stochastic is "
+                                                     "unbiased, so updates below bf16's resolution still reach the "
+                                                     "policy (docs/engine.md)", choices=["stochastic", "nearest"])
     full_determinism: bool = opt(False, "torch.use_deterministic_algorithms(True)")
     dataloader_num_workers: int = opt(0, "accepted for OpenRLHF scripts (--data.dataloader_num_workers), changes "
                                          "nothing: rlhfkit tokenizes the data once, up front, in the training "

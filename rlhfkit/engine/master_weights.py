@@ -10,6 +10,15 @@ so resume stays exact and updates far below the half precision's resolution stil
     optimizer step:      on the masters (clip, AdamW, ...)
     sync_to_model():     param = round_to_dtype(master), after every step and every checkpoint load
 
+Rounding (`rounding`): "nearest" is what a cast does. "stochastic" (bf16 only) rounds each trainable weight up
+with probability equal to its distance to the lower bf16 neighbour over the spacing, so E[param] = master. Why it
+matters: a fine-tuning update is far below bf16's resolution (an Adam step of lr 8e-6 against a spacing of 2.4e-4
+near |w| = 0.05), and the base weights were bf16 to begin with, so round-to-nearest hands the forward (and the
+rollout engines, which load these parameters) the *base* weight until a master has drifted half a spacing away: for
+most weights, every update of a short run is invisible to the policy that samples. Stochastic rounding passes each
+update on in expectation. The draws come from a generator seeded by (`seed`, optimizer step), so a run and its
+resume round identically. Frozen parameters are always rounded to nearest (they were cast once at the start).
+
 FSDP2's `MixedPrecisionPolicy` computes the same arithmetic, but on one rank it pays per layer and per micro-batch:
 a gather and a cast of every fp32 weight in every forward (and again in backward under zero stage 3) and a reduce of
 every gradient. Here the cast happens once per optimizer step. Measured in `benchmarks/train_step.py` (docs/
@@ -35,10 +44,26 @@ def cast_parameters(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return model
 
 
+def stochastic_round_to_bf16(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """`x` (fp32) rounded to bf16 up or down at random, up with probability (x - lower) / (upper - lower), where lower
+    and upper are the bf16 neighbours around x in magnitude: add 16 uniform random low bits to the fp32 bit
+    pattern, then drop the low 16 bits (truncation toward zero). Unbiased: E[result] = x. Finite inputs only."""
+    bits = x.detach().to(torch.float32).contiguous().view(torch.int32)
+    noise = torch.randint(0, 1 << 16, bits.shape, dtype=torch.int32, generator=generator, device=bits.device)
+    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)  # low bits zero: the cast is exact
+
+
+ROUNDINGS = ("nearest", "stochastic")
+
+
 class MasterWeights:
     """fp32 masters (`masters`, a copy of the model) of a model whose parameters compute in `dtype`."""
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
+    def __init__(self, model: nn.Module, dtype: torch.dtype, rounding: str = "nearest", seed: int = 0) -> None:
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {ROUNDINGS}, not {rounding!r}")
+        self.stochastic = rounding == "stochastic" and dtype == torch.bfloat16
+        self.seed = seed
         self.masters = copy.deepcopy(model)  # fp32: the same names, the same ties
         cast_parameters(model, dtype)
         self.pairs = list(zip(model.parameters(), self.masters.parameters(), strict=True))
@@ -59,9 +84,13 @@ class MasterWeights:
         return hook
 
     @torch.no_grad()
-    def sync_to_model(self, trainable_only: bool = True) -> None:
-        """Round the masters into the compute parameters: the trainable ones after an optimizer step, all of them
-        after a checkpoint load (`trainable_only=False`)."""
+    def sync_to_model(self, step: int, trainable_only: bool = True) -> None:
+        """Round the masters into the compute parameters: the trainable ones after optimizer step `step` (the count
+        of steps taken, which seeds stochastic rounding), all of them after a checkpoint load
+        (`trainable_only=False`)."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step) if self.stochastic else None
         for param, master in self.pairs:
-            if param.requires_grad or not trainable_only:
+            if generator is not None and param.requires_grad:
+                param.copy_(stochastic_round_to_bf16(master, generator))
+            elif param.requires_grad or not trainable_only:
                 param.copy_(master)

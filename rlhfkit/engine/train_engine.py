@@ -47,7 +47,7 @@ class TrainEngine:
         self.master: MasterWeights | None = None
         dtype = compute_dtype(cfg.param_dtype, dist_info.device)
         if dtype != torch.float32 and not is_fsdp(self.model) and not is_4bit(self.model):
-            self.master = MasterWeights(self.model, dtype)
+            self.master = MasterWeights(self.model, dtype, rounding=cfg.master_weights_rounding, seed=cfg.seed)
         self.state_model = self.master.masters if self.master is not None else self.model
         self.aux_loss_coef = float(cfg.aux_loss_coef or 0.0)
         self.aux_loss = _router_aux_loss(self.model, self.aux_loss_coef)
@@ -93,7 +93,7 @@ class TrainEngine:
             report["grad_norm_after_clip"] = float(_full(torch.nn.utils.get_total_norm(grads)))
         self.optimizer.step()
         if self.master is not None:
-            self.master.sync_to_model()
+            self.master.sync_to_model(step=self.scheduler.last_epoch + 1)
         if self.ema is not None:
             self.ema.update()
         if before is not None and report is not None:  # (before is set exactly when report is)
@@ -106,7 +106,7 @@ class TrainEngine:
     def after_load(self) -> None:
         """After a checkpoint wrote the weights (into `state_model`): round them into the compute copy."""
         if self.master is not None:
-            self.master.sync_to_model(trainable_only=False)
+            self.master.sync_to_model(step=self.scheduler.last_epoch, trainable_only=False)
 
 
 def is_fsdp(model: nn.Module) -> bool:

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from rlhfkit.engine.master_weights import MasterWeights, cast_parameters
+from rlhfkit.engine.master_weights import MasterWeights, cast_parameters, stochastic_round_to_bf16
 
 
 @pytest.fixture(scope="module")
@@ -26,14 +26,14 @@ def _batches(vocab: int) -> list[torch.Tensor]:
     return [torch.randint(0, vocab, (4, 24), generator=g) for _ in range(2)]
 
 
-def _step(model, params, optimizer, batches, master=None) -> None:
+def _step(model, params, optimizer, batches, master=None, step=1) -> None:
     for ids in batches:  # two micro-batches: gradients summed before the step
         model(input_ids=ids, labels=ids).loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if master is not None:
-        master.sync_to_model()
+        master.sync_to_model(step)
 
 
 def test_one_step_equals_fsdp2_mixed_precision_on_one_rank(tiny_model_dir, gloo):
@@ -48,7 +48,7 @@ def test_one_step_equals_fsdp2_mixed_precision_on_one_rank(tiny_model_dir, gloo)
         fully_shard(layer, mp_policy=policy)
     fully_shard(fsdp, mp_policy=policy)
     plain = load_causal_lm(tiny_model_dir)
-    master = MasterWeights(plain, torch.bfloat16)
+    master = MasterWeights(plain, torch.bfloat16, rounding="nearest")
     assert all(p.dtype == torch.bfloat16 for p in plain.parameters())
     assert all(p.dtype == torch.float32 for p in master.masters.parameters())
     assert all(b.dtype == torch.float32 for b in plain.buffers() if b.is_floating_point())  # buffers stay fp32
@@ -74,16 +74,16 @@ def test_updates_below_bf16_resolution_accumulate_in_the_masters(tiny_model_dir)
     from rlhfkit.models.loading import load_causal_lm
 
     model = load_causal_lm(tiny_model_dir)
-    master = MasterWeights(model, torch.bfloat16)
+    master = MasterWeights(model, torch.bfloat16, rounding="nearest")
     optimizer = torch.optim.SGD(master.masters.parameters(), lr=1.0)
     weight = dict(master.masters.named_parameters())["model.layers.0.mlp.up_proj.weight"]
     compute = dict(model.named_parameters())["model.layers.0.mlp.up_proj.weight"]
     before = weight.detach().clone()
     ulp = torch.finfo(torch.bfloat16).eps * before.abs().max().item()
-    for _ in range(40):  # 40 steps of a tenth of an ulp of the largest weight: each alone below bf16's resolution
+    for i in range(40):  # 40 steps of a tenth of an ulp of the largest weight: each alone below bf16's resolution
         weight.grad = torch.full_like(weight, -ulp / 10)
         optimizer.step()
-        master.sync_to_model()
+        master.sync_to_model(i + 1)
     assert (weight - before).min().item() == pytest.approx(4 * ulp, rel=1e-3)  # the fp32 master kept every step
     assert torch.equal(compute, weight.detach().to(torch.bfloat16))
     assert (compute.float() - before.to(torch.bfloat16).float()).abs().max().item() > 0  # and the copy moved
@@ -115,7 +115,65 @@ def test_cast_parameters_leaves_buffers(tiny_model_dir):
     assert {b.dtype for b in model.buffers() if b.is_floating_point()} <= {torch.float32}
 
 
-def test_a_bf16_train_engine_resumes_exactly_from_its_checkpoint(tiny_model_dir, tmp_path, gloo):
+def _bf16_neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bf16 values just below and just above |x| in magnitude (float64), from the fp32 bit pattern by hand."""
+    bits = x.to(torch.float32).view(torch.int32).to(torch.int64)
+    low = (bits // 65536) * 65536  # non-negative patterns only (the test uses |x|)
+    as_float = lambda b: b.to(torch.int32).view(torch.float32).to(torch.float64)  # noqa: E731
+    return as_float(low), as_float(low + 65536)
+
+
+def test_stochastic_rounding_picks_a_neighbour_with_the_right_odds_float64():
+    g = torch.Generator().manual_seed(0)
+    spots = torch.tensor([0.05, 0.7, 3.0, 1e-3, 123.0], dtype=torch.float32)
+    for sign in (1.0, -1.0):
+        for base in spots:
+            low, high = _bf16_neighbours(base.reshape(1))
+            for frac in (0.1, 0.37, 0.5, 0.9):
+                x64 = low + frac * (high - low)
+                x = x64.to(torch.float32).expand(20000).clone() * sign
+                out = stochastic_round_to_bf16(x, g).to(torch.float64) * sign  # magnitudes
+                assert set(out.unique().tolist()) <= {low.item(), high.item()}
+                up = (out == high).double().mean().item()
+                exact_frac = ((x64.to(torch.float32).to(torch.float64) - low) / (high - low)).item()
+                sigma = (exact_frac * (1 - exact_frac) / 20000) ** 0.5
+                assert abs(up - exact_frac) < 5 * sigma + 2 ** -16, (base.item(), frac, sign)
+    representable = torch.tensor([0.5, -0.75, 1.0, 0.0], dtype=torch.float32)
+    assert torch.equal(stochastic_round_to_bf16(representable, g), representable.to(torch.bfloat16))
+
+
+def test_stochastic_rounding_hands_sub_resolution_updates_to_the_compute_copy(tiny_model_dir):
+    """Three updates of 0.1 spacing each, away from zero (so the spacing above each start is the one that counts):
+    round-to-nearest leaves every compute weight at its start (0.3 < 0.5 of a spacing), stochastic rounding moves
+    each by one spacing with probability 0.3, so 0.3 spacing on average (unbiased)."""
+    from rlhfkit.models.loading import load_causal_lm
+
+    name = "model.layers.0.mlp.up_proj.weight"
+    moved = {}
+    for rounding in ("nearest", "stochastic"):
+        model = cast_parameters(load_causal_lm(tiny_model_dir), torch.bfloat16)  # a bf16-representable start,
+        cast_parameters(model, torch.float32)                                     # as from a bf16 checkpoint
+        master = MasterWeights(model, torch.bfloat16, rounding=rounding, seed=3)
+        weight = dict(master.masters.named_parameters())[name]
+        compute = dict(model.named_parameters())[name]
+        start = weight.detach().clone().to(torch.float64)
+        assert (start != 0).all()
+        low, high = _bf16_neighbours(start.abs().to(torch.float32))
+        assert torch.equal(low, start.abs())
+        spacing, direction = high - low, start.sign()
+        for i in range(3):
+            with torch.no_grad():
+                weight.copy_((start + (i + 1) * 0.1 * spacing * direction).to(torch.float32))
+            master.sync_to_model(i + 1)
+        moved[rounding] = (compute.detach().double() - start) * direction / spacing
+    assert moved["nearest"].abs().max().item() == 0.0
+    assert set(moved["stochastic"].unique().tolist()) == {0.0, 1.0}  # a neighbour, never further
+    mean, n = moved["stochastic"].mean().item(), moved["stochastic"].numel()
+    assert abs(mean - 0.3) < 5 * (0.3 * 0.7 / n) ** 0.5 + 1e-3, mean
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_a_bf16_train_engine_resumes_exactly_from_its_checkpoint(tiny_model_dir, tmp_path, gloo, rounding):
     """TrainEngine in bf16 on one rank keeps masters; the checkpoint holds the fp32 masters and the optimizer state
     by their names, so a resumed engine's next step is bit-identical to the uninterrupted one's."""
     from types import SimpleNamespace
@@ -128,7 +186,8 @@ def test_a_bf16_train_engine_resumes_exactly_from_its_checkpoint(tiny_model_dir,
     cfg = SimpleNamespace(gradient_checkpointing=False, zero_stage=2, param_dtype="bf16", adam_offload=False,
                           aux_loss_coef=0.0, learning_rate=1e-3, adam_betas=[0.9, 0.95], l2=0.0, lr_warmup_ratio=0.0,
                           lr_scheduler="constant", min_lr_ratio=0.0, max_norm=1.0, optim="adam", adam_eps=1e-8,
-                          muon_lr=0.02, muon_momentum=0.95, muon_ns_steps=5, muon_nesterov=True)
+                          muon_lr=0.02, muon_momentum=0.95, muon_ns_steps=5, muon_nesterov=True,
+                          master_weights_rounding=rounding, seed=7)
     dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
     batches = _batches(128)
 
@@ -142,13 +201,50 @@ def test_a_bf16_train_engine_resumes_exactly_from_its_checkpoint(tiny_model_dir,
     a = engine()
     assert a.master is not None and a.state_model is a.master.masters
     step(a, batches[0])
-    save_checkpoint(tmp_path, 1, a.state_model, a.optimizer, a.scheduler, {}, max_keep=1)
     step(a, batches[1])
+    save_checkpoint(tmp_path, 2, a.state_model, a.optimizer, a.scheduler, {}, max_keep=1)
+    step(a, batches[0])
     b = engine()
     load_checkpoint(tmp_path, b.state_model, b.optimizer, b.scheduler, seed=0)
     b.after_load()
-    step(b, batches[1])
+    step(b, batches[0])
     for (name, pa), pb in zip(a.state_model.named_parameters(), b.state_model.parameters()):
         assert pa.dtype == torch.float32 and torch.equal(pa, pb), name
     for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters()):
         assert pa.dtype == torch.bfloat16 and torch.equal(pa, pb), name
+
+
+def test_master_weights_rounding_flag_decides_how_the_engine_rounds(tiny_model_dir, gloo):
+    """--master_weights_rounding through TrainEngine: after a step far below bf16's resolution, `nearest` leaves the
+    compute copy the round-to-nearest of the masters; `stochastic` gives each weight one of its two bf16 neighbours,
+    not always the nearest, and its average moved like the masters' (float64)."""
+    from types import SimpleNamespace
+
+    from rlhfkit.engine.distributed import DistInfo
+    from rlhfkit.engine.train_engine import TrainEngine
+    from rlhfkit.models.loading import load_causal_lm
+
+    dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    ids = _batches(128)[0]
+    copies = {}
+    for rounding in ("nearest", "stochastic"):
+        cfg = SimpleNamespace(gradient_checkpointing=False, zero_stage=2, param_dtype="bf16", adam_offload=False,
+                              aux_loss_coef=0.0, learning_rate=1e-6, adam_betas=[0.9, 0.95], l2=0.0,
+                              lr_warmup_ratio=0.0, lr_scheduler="constant", min_lr_ratio=0.0, max_norm=1.0,
+                              optim="adam", adam_eps=1e-8, muon_lr=0.02, muon_momentum=0.95, muon_ns_steps=5,
+                              muon_nesterov=True, master_weights_rounding=rounding, seed=1)
+        engine = TrainEngine(load_causal_lm(tiny_model_dir), cfg, dist, total_steps=4)
+        assert engine.master is not None
+        engine.model(input_ids=ids, labels=ids).loss.backward()
+        engine.optimizer_step()
+        name = "model.layers.0.self_attn.q_proj.weight"
+        copies[rounding] = (dict(engine.model.named_parameters())[name].detach().double(),
+                            dict(engine.state_model.named_parameters())[name].detach().double())
+    compute, master = copies["nearest"]
+    assert torch.equal(compute, master.to(torch.bfloat16).double())
+    compute, master = copies["stochastic"]
+    nearest = master.to(torch.bfloat16).double()
+    assert not torch.equal(compute, nearest)  # some weights went to their farther neighbour
+    assert ((compute - master).abs() <= master.abs() * 2.0 ** -7 + 1e-30).all()  # within one spacing: a neighbour
+    err_sr, err_rn = (compute - master).mean().item(), (nearest - master).abs().mean().item()
+    assert abs(err_sr) < 0.1 * err_rn  # unbiased on average; each error is about one rounding error in size
