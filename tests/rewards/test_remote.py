@@ -321,7 +321,7 @@ def test_remote_rm_timeout_flag_bounds_each_request():
     with serving(server) as url:
         for source in flag_clients(url, remote_rm_timeout=0.3, remote_rm_retries=0, reward_timeout=30):
             start = time.monotonic()
-            with pytest.raises(RemoteRewardError, match=r"timeout 0.3 s.*timed out"):
+            with pytest.raises(RemoteRewardError, match=r"deadline 0.3 s.*timed out"):
                 source(QUERIES)
             assert time.monotonic() - start < 1.2
         # unset, a request gets --reward_timeout (a request always has a deadline: 60 s when that is 0)
