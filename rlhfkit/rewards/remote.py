@@ -207,8 +207,17 @@ class RemoteRewardClient:
             connection.connect()
             if expired.is_set():  # the deadline passed while connecting; the watchdog found no socket to close
                 raise TimeoutError
-            connection.request("POST", path, body=body, headers=headers)
-            response = connection.getresponse()
+            try:
+                connection.request("POST", path, body=body, headers=headers)
+            except OSError as err:  # the server answered early (413, 401, 503) and closed: read that answer
+                if expired.is_set():
+                    raise
+                try:
+                    response = connection.getresponse()
+                except (OSError, http.client.HTTPException):
+                    raise err from None
+            else:
+                response = connection.getresponse()
             if response.status != 200:
                 detail = _read_capped(response, ERROR_DETAIL_BYTES, deadline)[:ERROR_DETAIL_BYTES]
                 retry = response.status >= 500 or response.status in _RETRY_STATUS

@@ -196,7 +196,7 @@ class RewardServer:
         if self._open >= self.limits.max_connections:
             await self._reply(reader, writer, 503, {"error": f"server busy: {self._open} connections open "
                                                              "(serve-rm --max_connections); retry later"},
-                              headers={"Retry-After": "1"})
+                              headers={"Retry-After": "1"}, linger=True)
             return
         self._open += 1
         try:
