@@ -262,7 +262,7 @@ EFFECTS: dict[str, Effect] = {
     "remote_rm_backoff": _t("the wait before each retry round (doubling, jittered)",
                             _REMOTE + "test_remote_rm_retries_and_backoff_flags_space_the_attempts", _BI_SCORING),
     "remote_rm_max_response_mb": _t("a larger answer fails the attempt unread",
-                                    _REMOTE + "test_remote_rm_max_response_mb_flag_caps_the_answer"),
+                                    _REMOTE + "test_remote_rm_max_response_mb_flag_caps_the_answer", _BI_SCORING),
     "remote_rm_token": _t("the bearer token a serve-rm --auth_token server asks for",
                           _REMOTE + "test_remote_rm_token_flag_authenticates", _BI_SCORING),
     "save_value_network": _t("the critic saved as <save_path>_critic", _PPO_SAVE,

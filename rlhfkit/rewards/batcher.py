@@ -54,7 +54,6 @@ class RequestBatcher:
         self.source, self.executor, self.max_queries = source, executor, max_queries
         self._queue: deque[Pending] = deque()
         self._wake = asyncio.Event()
-        self.batches_scored = 0    # source calls that scored a batch (merged or not)
         self.requests_dropped = 0  # queued requests whose client had gone
 
     def __len__(self) -> int:
@@ -102,9 +101,11 @@ class RequestBatcher:
 
     async def _score(self, batch: list[Pending]) -> None:
         loop = asyncio.get_running_loop()
-        merged = [[x for r in batch for x in getattr(r, key)] for key in ("queries", "prompts", "labels")]
+        queries = [q for r in batch for q in r.queries]
+        prompts = [p for r in batch for p in r.prompts]
+        labels = [label for r in batch for label in r.labels]
         try:
-            out = await loop.run_in_executor(self.executor, self.source, *merged)
+            out = await loop.run_in_executor(self.executor, self.source, queries, prompts, labels)
             parts = split_output(out, [len(r.queries) for r in batch])
         except Exception as err:  # noqa: BLE001 - handed to the request it belongs to
             if len(batch) == 1:
@@ -118,8 +119,6 @@ class RequestBatcher:
                 else:
                     self._drop(request)
             return
-        finally:
-            self.batches_scored += 1
         for request, part in zip(batch, parts):
             _settle(request.future, result=part)
 

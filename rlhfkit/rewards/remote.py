@@ -234,9 +234,11 @@ class RemoteRewardClient:
             return raw
         except _Attempt:
             raise
-        except (OSError, http.client.HTTPException) as err:  # refused, reset, timed out, cut off, bad status line
+        except Exception as err:  # refused, reset, timed out, cut off by the watchdog, bad status line
             if expired.is_set() or time.monotonic() >= deadline or isinstance(err, TimeoutError):
                 raise _Attempt(f"timed out: no complete answer within the {self.timeout:g} s deadline") from None
+            if not isinstance(err, (OSError, http.client.HTTPException)):
+                raise
             raise _Attempt(f"{type(err).__name__}: {err}") from None
         finally:
             watchdog.cancel()

@@ -40,6 +40,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -163,7 +164,11 @@ class RewardServer:
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop :meth:`serve_forever` (from another thread) and wait for it to return."""
-        if not self._ready.wait(timeout) or self._loop is None or self._stop is None:
+        give_up = time.monotonic() + timeout
+        while not self._ready.wait(0.05):  # serve_forever has not started its loop yet (or failed before it did)
+            if self._done.is_set() or time.monotonic() > give_up:
+                return
+        if self._loop is None or self._stop is None:
             return
         stop = self._stop
         try:

@@ -62,7 +62,8 @@ def build_reward_source(specs: str | Sequence[str], *, timeout: float | None = D
 
     ``timeout`` / ``error_policy`` apply to reward_func files and built-ins; ``model_kwargs`` go to
     :class:`RewardModelSource` (``micro_batch_size``, ``max_len``, ``normalize_reward``, ``dtype``, ``device``, ...);
-    ``remote_kwargs`` to :class:`RemoteRewardClient` (``timeout``, ``retries``, ``backoff``, ``token``, ``max_response_bytes``).
+    ``remote_kwargs`` to :class:`RemoteRewardClient` (``timeout``, ``retries``, ``backoff``, ``token``,
+    ``max_response_bytes``).
     """
     items = split_specs(specs)
     if not items:

@@ -76,7 +76,8 @@ def connect(url: str) -> socket.socket:
     return sock
 
 
-def headers_only(url: str, length: int, extra: str = "", path: str = "/get_reward", method: str = "POST") -> socket.socket:
+def headers_only(url: str, length: int, extra: str = "", path: str = "/get_reward",
+                 method: str = "POST") -> socket.socket:
     """A client that sends a request's headers (announcing ``length`` body bytes) and none of its body."""
     sock = connect(url)
     sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n{extra}\r\n".encode())
