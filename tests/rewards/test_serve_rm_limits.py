@@ -116,7 +116,7 @@ def test_many_stalled_clients_do_not_starve_a_good_client(monkeypatch):
     each stalled one gets 408 once --request_timeout (from its connection, not per read) has passed."""
     source = GatedSource()
     source.gate.set()
-    with serving(flag_server(monkeypatch, source, "--request_timeout", "2")) as url:
+    with serving(flag_server(monkeypatch, source, "--request_timeout", "3")) as url:
         stalled = []
         for _ in range(20):
             sock = connect(url)
@@ -124,13 +124,13 @@ def test_many_stalled_clients_do_not_starve_a_good_client(monkeypatch):
             stalled.append(sock)
         began = time.monotonic()
         out = good_client(url)(["a 1", "b 2"])
-        assert out.rewards.tolist() == [1.0, 2.0] and time.monotonic() - began < 1.5
+        assert out.rewards.tolist() == [1.0, 2.0] and time.monotonic() - began < 2.0
         assert all(nothing_received(s) for s in stalled)  # still waiting: the good client did not wait for them
         for sock in stalled:
             status, payload = read_answer(sock)
             assert status == 408 and "--request_timeout" in payload["error"]
             sock.close()
-        assert time.monotonic() - began < 6.0
+        assert time.monotonic() - began < 8.0
 
 
 def test_a_byte_dripping_client_is_cut_off_at_the_request_deadline(monkeypatch):
@@ -204,17 +204,17 @@ def test_connection_cap_answers_503_at_once_and_a_retrying_client_gets_through(m
     reward client retries 503 and is served once the stalled ones pass their deadline."""
     source = GatedSource()
     source.gate.set()
-    with serving(flag_server(monkeypatch, source, "--max_connections", "2", "--request_timeout", "1")) as url:
+    with serving(flag_server(monkeypatch, source, "--max_connections", "2", "--request_timeout", "2.5")) as url:
         stalled = [connect(url) for _ in range(2)]
         time.sleep(0.2)  # both accepted
         began = time.monotonic()
         sock = headers_only(url, 10)
         status, payload = read_answer(sock, timeout=2.0)
-        assert status == 503 and "--max_connections" in payload["error"] and time.monotonic() - began < 0.9
+        assert status == 503 and "--max_connections" in payload["error"] and time.monotonic() - began < 1.5
         sock.close()
         with pytest.raises(RemoteRewardError, match="HTTP 503"):
             good_client(url)(["a 1"])
-        assert good_client(url, retries=4, backoff=0.3)(["a 1"]).rewards.tolist() == [1.0]
+        assert good_client(url, retries=4, backoff=0.4)(["a 1"]).rewards.tolist() == [1.0]  # waits 0.4 .. 3.2 s
         for sock in stalled:
             sock.close()
 
