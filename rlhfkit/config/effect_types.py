@@ -54,6 +54,7 @@ _SERVE = _CLI + "test_serve_rm_flags_reach_the_reward_source_and_the_server"
 _SFT_KEYS = _OPT + "test_sft_keys_template_and_max_len_shape_the_samples"
 _PPO_REWARDS = _PPO + "test_reward_flags_combine_the_ppo_reward_sources"
 _REMOTE = "tests/rewards/test_remote.py::"  # ppo's and batch-inference's reward clients over real HTTP
+_SERVE_LIMITS = "tests/rewards/test_serve_rm_limits.py::"  # serve-rm against misbehaving clients
 _BI_SCORING = _BI + "test_scoring_flags_reach_the_reward_source"
 _REFUSED_PPO = _OPT + "test_shared_flags_ppo_does_not_act_on_are_refused"
 _PPO_MICRO = _PPO + "test_training_micro_batches_follow_the_flags"

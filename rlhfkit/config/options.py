@@ -269,11 +269,16 @@ class SFTOptions:
 class RemoteRewardOptions:
     """Reward servers (http(s) URLs in --remote_rm_url)"""
 
-    remote_rm_timeout: float | None = opt(None, "seconds one request to a reward server may take (each attempt "
-                                                "gets as long); default: --reward_timeout (60 when that is 0)")
-    remote_rm_retries: int = opt(3, "retries of a request that failed on the network, timed out or got HTTP 5xx, "
-                                    "408 or 429 (other 4xx answers are not retried); 0: one attempt")
-    remote_rm_backoff: float = opt(1.0, "seconds before the first retry, doubled before each next one")
+    remote_rm_timeout: float | None = opt(None, "seconds of wall time one request to a reward server may take, "
+                                                "connecting to the last byte of the answer (each attempt gets as "
+                                                "long); default: --reward_timeout (60 when that is 0)")
+    remote_rm_retries: int = opt(3, "rounds of retries of a request that failed on the network, timed out or got "
+                                    "HTTP 5xx, 408 or 429 (other 4xx answers are not retried): each round tries "
+                                    "every server URL, a failed one fails over to the next; 0: one round")
+    remote_rm_backoff: float = opt(1.0, "seconds before the second round, doubled before each next one, each wait "
+                                        "drawn between 1 and 1.5 times that (jitter)")
+    remote_rm_max_response_mb: float = opt(64.0, "largest answer of a reward server in MiB; a larger one fails the "
+                                                 "attempt (not read further) and is retried on another server")
     remote_rm_token: str | None = opt(None, "bearer token sent to the reward servers (rlhfkit serve-rm "
                                             "--auth_token); default: the RLHFKIT_RM_TOKEN environment variable, "
                                             "which keeps it out of the process list")

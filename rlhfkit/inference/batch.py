@@ -207,7 +207,8 @@ def score(cfg: BatchInferenceConfig, rows: list[dict[str, Any]], stats: dict[str
                        remote_rm_url=cfg.remote_rm_url, normalize_reward=cfg.normalize_reward,
                        reward_timeout=cfg.reward_timeout, max_len=cfg.max_len, remote_rm_timeout=cfg.remote_rm_timeout,
                        remote_rm_retries=cfg.remote_rm_retries, remote_rm_backoff=cfg.remote_rm_backoff,
-                       remote_rm_token=cfg.remote_rm_token)
+                       remote_rm_token=cfg.remote_rm_token,
+                       remote_rm_max_response_mb=cfg.remote_rm_max_response_mb)
     source = reward_source_from_config(specs, micro_batch_size=cfg.micro_batch_size)
     prompts = [str(r["input"]) for r in rows]
     labels = [r.get("label") for r in rows] if cfg.label_key else None

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from rlhfkit.rewards.base import FAILURE_KEY, RewardOutput, RewardSource, check_batch, failure_reasons
-from rlhfkit.rewards.remote import RemoteRewardClient, remote_timeout
+from rlhfkit.rewards.remote import RemoteRewardClient, max_response_bytes, remote_timeout
 from rlhfkit.rewards.reward_func import DEFAULT_TIMEOUT, RewardFuncSource
 from rlhfkit.rewards.reward_model import RewardModelSource
 from rlhfkit.rewards.verifiers import get_builtin
@@ -62,7 +62,8 @@ def build_reward_source(specs: str | Sequence[str], *, timeout: float | None = D
 
     ``timeout`` / ``error_policy`` apply to reward_func files and built-ins; ``model_kwargs`` go to
     :class:`RewardModelSource` (``micro_batch_size``, ``max_len``, ``normalize_reward``, ``dtype``, ``device``, ...);
-    ``remote_kwargs`` to :class:`RemoteRewardClient` (``timeout``, ``retries``, ``backoff``, ``token``).
+    ``remote_kwargs`` to :class:`RemoteRewardClient` (``timeout``, ``retries``, ``backoff``, ``token``,
+    ``max_response_bytes``).
     """
     items = split_specs(specs)
     if not items:
@@ -122,6 +123,7 @@ class RewardSpec:
     remote_rm_retries: int = 3
     remote_rm_backoff: float = 1.0
     remote_rm_token: str | None = None       # None: env RLHFKIT_RM_TOKEN
+    remote_rm_max_response_mb: float = 64.0
 
 
 def reward_source_from_config(spec: RewardSpec, micro_batch_size: int | None = None) -> RewardSource:
@@ -135,7 +137,8 @@ def reward_source_from_config(spec: RewardSpec, micro_batch_size: int | None = N
                     "micro_batch_size": int(rows)}
     remote_kwargs = {"timeout": remote_timeout(spec.remote_rm_timeout, reward_timeout),
                      "retries": int(spec.remote_rm_retries), "backoff": float(spec.remote_rm_backoff),
-                     "token": spec.remote_rm_token}
+                     "token": spec.remote_rm_token,
+                     "max_response_bytes": max_response_bytes(spec.remote_rm_max_response_mb)}
     weights = spec.reward_weights
     return build_reward_source(
         specs, timeout=reward_timeout, error_policy=spec.reward_error_policy, combine_rule=spec.reward_combine,

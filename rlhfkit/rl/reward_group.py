@@ -24,7 +24,7 @@ import torch
 
 from rlhfkit.config.commands import PPOConfig
 from rlhfkit.rewards.base import RewardOutput, check_batch
-from rlhfkit.rewards.remote import RemoteRewardClient, remote_timeout
+from rlhfkit.rewards.remote import RemoteRewardClient, max_response_bytes, remote_timeout
 from rlhfkit.rewards.reward_func import RewardFuncSource
 from rlhfkit.rewards.reward_model import RewardModelSource
 from rlhfkit.rewards.sources import builtin_source, combine, spec_kind, split_specs
@@ -53,7 +53,9 @@ def text_sources(cfg: PPOConfig) -> list[Any]:
             if not any(isinstance(s, RemoteRewardClient) for s in sources):
                 timeout = remote_timeout(cfg.remote_rm_timeout, cfg.reward_timeout)
                 sources.append(RemoteRewardClient(urls, timeout=timeout, retries=cfg.remote_rm_retries,
-                                                  backoff=cfg.remote_rm_backoff, token=cfg.remote_rm_token))
+                                                  backoff=cfg.remote_rm_backoff, token=cfg.remote_rm_token,
+                                                  max_response_bytes=max_response_bytes(
+                                                      cfg.remote_rm_max_response_mb)))
         elif kind == "file":
             sources.append(RewardFuncSource.from_file(spec, timeout=cfg.reward_timeout,
                                                       error_policy=cfg.reward_error_policy))

@@ -135,7 +135,7 @@ def test_scoring_flags_reach_the_reward_source(tiny_model_dir, prompts_file, mon
     cfg = cfg_of(dataset=prompts_file, eval_task="rm", input_key="q", output_key="resp", label_key="gold",
                  reward_pretrain="rm-a,rm-b", remote_rm_url="builtin:exact", normalize_reward=True,
                  reward_timeout=5.0, micro_batch_size=3, max_len=77, max_samples=3, remote_rm_timeout=9.0,
-                 remote_rm_retries=4, remote_rm_backoff=0.25, remote_rm_token="tok")
+                 remote_rm_retries=4, remote_rm_backoff=0.25, remote_rm_token="tok", remote_rm_max_response_mb=2.5)
     rows = batch.read_scoring_rows(cfg)
     assert [(r["input"], r["output"], r["label"]) for r in rows] == [(f"question {i}", f"answer {i}", i)
                                                                      for i in range(3)]
@@ -143,8 +143,8 @@ def test_scoring_flags_reach_the_reward_source(tiny_model_dir, prompts_file, mon
     specs = seen["specs"]
     assert (specs.reward_pretrain, specs.remote_rm_url, specs.normalize_reward, specs.reward_timeout,
             seen["rows"], specs.max_len) == ("rm-a,rm-b", "builtin:exact", True, 5.0, 3, 77)
-    assert (specs.remote_rm_timeout, specs.remote_rm_retries, specs.remote_rm_backoff,
-            specs.remote_rm_token) == (9.0, 4, 0.25, "tok")  # tests/rewards/test_remote.py: over real HTTP
+    assert (specs.remote_rm_timeout, specs.remote_rm_retries, specs.remote_rm_backoff, specs.remote_rm_token,
+            specs.remote_rm_max_response_mb) == (9.0, 4, 0.25, "tok", 2.5)  # tests/rewards/test_remote.py: over HTTP
     assert seen["labels"] == [0, 1, 2] and seen["texts"][0] == "question 0answer 0"
     assert [r["reward"] for r in rows] == [0.0, 1.0, 2.0]
     # --eval_task rm without a reward flag scores with --pretrain (OpenRLHF's reward model)

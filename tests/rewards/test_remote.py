@@ -321,9 +321,39 @@ def test_remote_rm_timeout_flag_bounds_each_request():
     with serving(server) as url:
         for source in flag_clients(url, remote_rm_timeout=0.3, remote_rm_retries=0, reward_timeout=30):
             start = time.monotonic()
-            with pytest.raises(RemoteRewardError, match=r"timeout 0.3 s.*timed out"):
+            with pytest.raises(RemoteRewardError, match=r"deadline 0.3 s.*timed out"):
                 source(QUERIES)
             assert time.monotonic() - start < 1.2
         # unset, a request gets --reward_timeout (a request always has a deadline: 60 s when that is 0)
         assert [s.timeout for s in flag_clients(url, reward_timeout=0.4)] == [0.4, 0.4]
         assert [s.timeout for s in flag_clients(url, reward_timeout=0)] == [60.0, 60.0]
+
+
+class LargeAnswer(BaseHTTPRequestHandler):
+    """A valid answer padded with 2 MiB of extra_logs."""
+
+    def do_POST(self):  # noqa: N802
+        n = len(json.loads(self.rfile.read(int(self.headers["Content-Length"])))["query"])
+        body = json.dumps({"rewards": [1.0] * n, "extra_logs": {"pad": ["x" * (2 << 20) + str(i) for i in
+                                                                        range(n)]}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_remote_rm_max_response_mb_flag_caps_the_answer():
+    """The default cap (64 MiB) takes a 2 MiB answer; --remote_rm_max_response_mb 1 refuses it unread."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), LargeAnswer)
+    server.daemon_threads = True
+    with serving(server) as url:
+        for source in flag_clients(url, remote_rm_retries=0):
+            assert source(QUERIES[:1]).rewards.tolist() == [1.0]
+        for source in flag_clients(url, remote_rm_max_response_mb=1, remote_rm_retries=0):
+            assert source.max_response_bytes == 1 << 20
+            with pytest.raises(RemoteRewardError, match=r"exceeds the cap of 1048576 bytes "
+                                                        r"\(--remote_rm_max_response_mb\); not read"):
+                source(QUERIES[:1])
