@@ -2,7 +2,8 @@
 
 Each Ray actor reports its own Ray actor id, node id, placement group id and process id (`whereabouts`); the
 driver writes the list into the run's manifest.json under `placement` at start, and again at the end with each
-engine's count of prompts generated (how the rollouts were spread). `rlhfkit.rl.placement.collect_whereabouts` asks every actor. The ids are Ray's, so they can be checked
+engine's count of prompts generated (how the rollouts were spread);
+`rlhfkit.rl.placement.collect_whereabouts` asks every actor. The ids are Ray's, so they can be checked
 against Ray's own tables (`ray._private.state.actors(actor_id)`, `ray.util.placement_group_table`).
 """
 

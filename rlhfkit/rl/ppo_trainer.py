@@ -27,7 +27,6 @@ from rlhfkit.observability.console import print_derived_table, progress_bar
 from rlhfkit.observability.metrics import MetricsLogger, is_extremum, merge_metrics
 from rlhfkit.observability.mfu import mfu
 from rlhfkit.observability.placement import record_placement
-from rlhfkit.rl.placement import collect_whereabouts
 from rlhfkit.observability.trace import add_loss_weights, take_trainer_mismatch, write_step_trace
 from rlhfkit.rewards.base import failure_metrics
 from rlhfkit.rl.async_rollout import (
@@ -55,6 +54,7 @@ from rlhfkit.rl.make_experience import (
     select_groups,
     to_experience,
 )
+from rlhfkit.rl.placement import collect_whereabouts
 from rlhfkit.rl.setup import RLSetup, build_setup, push_actor_weights, save_final
 from rlhfkit.rl.vision_batch import attach_pixels
 from rlhfkit.rollout.types import SamplingConfig
