@@ -40,8 +40,15 @@ from typing import Any
 
 from rlhfkit.rewards.base import response_of
 from rlhfkit.rewards.code_asserts import check_passes, leaf_values, plan_asserts
-from rlhfkit.rewards.sandbox import OUTPUT_LIMIT, SANDBOX_ERROR, TIMEOUT, SandboxLimits, describe_mode, \
-    resolve_mode, run_sandboxed
+from rlhfkit.rewards.sandbox import (
+    OUTPUT_LIMIT,
+    SANDBOX_ERROR,
+    TIMEOUT,
+    SandboxLimits,
+    describe_mode,
+    resolve_mode,
+    run_sandboxed,
+)
 
 logger = logging.getLogger(__name__)
 

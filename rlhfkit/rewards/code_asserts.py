@@ -31,7 +31,7 @@ SAFE_CALLS: dict[str, Callable[..., Any]] = {
     "abs": abs, "len": len, "sorted": sorted, "set": set, "frozenset": frozenset, "tuple": tuple, "list": list,
     "min": min, "max": max, "sum": sum, "round": round, "int": int, "float": float, "str": str, "bool": bool,
     "all": all, "any": any}
-SAFE_MATH = {"isclose": math.isclose, "sqrt": math.sqrt, "floor": math.floor, "ceil": math.ceil}
+SAFE_MATH: dict[str, Callable[..., Any]] = {"isclose": math.isclose, "sqrt": math.sqrt, "floor": math.floor, "ceil": math.ceil}
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
@@ -320,16 +320,16 @@ def leaf_values(plan: AssertPlan, messages: list[dict[str, Any]]) -> tuple[dict[
     ran = {"program": "ok"} in messages
     leaves: dict[str, Any] = {}
     for index, step in enumerate(plan.steps):
-        message = by_step.get(index)
-        ok = message is not None and message.get("ok") is True
+        got = by_step.get(index)
+        ok = got is not None and got.get("ok") is True
         if "exec" in step:
             ran = ran and ok
             continue
-        if not ok or message is None:
+        if not ok or got is None:
             leaves[f"{LEAF_PREFIX}{index}"] = CheckFailed(f"step {index} failed")
             continue
         try:
-            leaves[f"{LEAF_PREFIX}{index}"] = decode(message.get("value"))
+            leaves[f"{LEAF_PREFIX}{index}"] = decode(got.get("value"))
         except (ValueError, RecursionError) as err:
             leaves[f"{LEAF_PREFIX}{index}"] = CheckFailed(f"step {index}: {err}")
     return leaves, ran

@@ -265,7 +265,8 @@ def resolve_mode(mode: str) -> str:
 @functools.lru_cache(maxsize=1)
 def namespaces_available() -> tuple[bool, str]:
     """(whether the namespaces mode works here, why not): a probe program must run and see itself isolated."""
-    probe = "import os\nassert os.listdir('/tmp') == [] and not os.path.exists(%r)\n" % os.path.realpath(__file__)
+    here = os.path.realpath(__file__)
+    probe = f"import os\nassert os.listdir('/tmp') == [] and not os.path.exists({here!r})\n"
     plan = {"program": probe, "steps": [], "mode": "namespaces", "limits": {}, "ro_dirs": _readonly_dirs(),
             "as_root_outside": os.geteuid() == 0, "tmpfs_bytes": 1 << 20}
     result_r, result_w = os.pipe()

@@ -33,7 +33,7 @@ from rlhfkit.config.serve_options import DESCRIPTION
 from rlhfkit.errors import ConfigError, RewardError
 from rlhfkit.rewards.base import RewardSource, check_batch
 from rlhfkit.rewards.remote import ENDPOINT, TOKEN_ENV
-from rlhfkit.rewards.sources import build_reward_source
+from rlhfkit.rewards.sources import build_reward_source, code_sandbox_options
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 256 * 1024 * 1024
@@ -163,7 +163,8 @@ def server_from_options(opts: ServeRMConfig) -> RewardServer:
     weights = [float(w) for w in opts.reward_weights.split(",")] if opts.reward_weights else None
     source = build_reward_source(specs, timeout=opts.reward_timeout, error_policy=opts.reward_error_policy,
                                  combine_rule=opts.reward_combine, weights=weights,
-                                 format_pattern=opts.reward_format_pattern, model_kwargs=model_kwargs)
+                                 format_pattern=opts.reward_format_pattern, model_kwargs=model_kwargs,
+                                 code_kwargs=code_sandbox_options(opts))
     token = opts.auth_token if opts.auth_token is not None else os.environ.get(TOKEN_ENV)
     return RewardServer(source, opts.host, opts.port, token)
 
