@@ -26,12 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlhfkit.errors import CheckFailed
+
 LEAF_PREFIX = "\0leaf"  # not an identifier, so no test can name it
 SAFE_CALLS: dict[str, Callable[..., Any]] = {
     "abs": abs, "len": len, "sorted": sorted, "set": set, "frozenset": frozenset, "tuple": tuple, "list": list,
     "min": min, "max": max, "sum": sum, "round": round, "int": int, "float": float, "str": str, "bool": bool,
     "all": all, "any": any}
-SAFE_MATH: dict[str, Callable[..., Any]] = {"isclose": math.isclose, "sqrt": math.sqrt, "floor": math.floor, "ceil": math.ceil}
+SAFE_MATH: dict[str, Callable[..., Any]] = {"isclose": math.isclose, "sqrt": math.sqrt, "floor": math.floor,
+                                           "ceil": math.ceil}
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
@@ -42,10 +45,6 @@ _COMPARE: dict[type, Callable[[Any, Any], Any]] = {
     ast.GtE: operator.ge, ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b, ast.Is: operator.is_,
     ast.IsNot: operator.is_not}
 MAX_SIZE = 1 << 20  # elements / characters / bits the parent builds from arithmetic on the program's values
-
-
-class CheckFailed(Exception):
-    """A check's value could not be computed (a leaf raised or sent no plain data, arithmetic failed)."""
 
 
 @dataclass

@@ -206,7 +206,7 @@ def _messages(data: bytes) -> list[dict[str, Any]]:
     for line in data.split(b"\n"):
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # junk, or nesting deep enough to exhaust the decoder's stack
             continue
         if isinstance(message, dict):
             out.append(message)
