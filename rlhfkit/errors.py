@@ -65,3 +65,8 @@ class RemoteCallTimeout(RemoteCallError):
 
 class RemoteActorDied(RemoteCallError):
     """The actor a remote call went to died (killed, crashed, or its node lost) before it answered."""
+
+
+class CheckFailed(Exception):
+    """builtin:code: an assert's value could not be computed from the program's values (a leaf raised or sent no
+    plain data, arithmetic failed); the check fails (rlhfkit.rewards.code_asserts)."""

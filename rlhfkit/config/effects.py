@@ -53,6 +53,8 @@ from rlhfkit.config.effects_train import TRAIN_EFFECTS
 
 __all__ = ["EFFECTS", "OFFLINE", "Effect", "NoEffect", "Tested", "effect_of", "registry"]
 
+_CODE = "tests/rewards/test_code_sandbox_modes.py::"
+
 # The shared and command-specific entries; the model, data, engine and parallelism options and the offline methods'
 # own live in effects_train.py and the PPO algorithm options (proven on the tensors that `--debug_dump_steps` writes)
 # in effects_ppo.py, both merged below; ppo's engine-creation and placement flags follow this table.
@@ -255,6 +257,19 @@ EFFECTS: dict[str, Effect] = {
                          _SOURCES + "test_combined_source_mean_and_weights"),
     "reward_format_pattern": _t("the regex of builtin:format",
                                 _PPO + "test_reward_format_pattern_reaches_the_format_reward"),
+    **{flag: _t(what, _CODE + test) for flag, what, test in (
+        ("code_sandbox", "builtin:code's sandbox mode (also in the manifest)",
+         "test_code_sandbox_flag_picks_the_mode_and_the_manifest_names_it[rlimit]"),
+        ("code_memory_mb", "RLIMIT_AS of a program run", "test_code_limit_flags_reach_the_sandbox[code_memory_mb-300-"
+                                                           "assert limits() == [300 * 2 ** 20]]"),
+        ("code_max_open_files", "RLIMIT_NOFILE of a program run",
+         "test_code_limit_flags_reach_the_sandbox[code_max_open_files-17-assert limits() == [17]]"),
+        ("code_max_file_mb", "RLIMIT_FSIZE of a program run",
+         "test_code_limit_flags_reach_the_sandbox[code_max_file_mb-3-assert limits() == [3 * 2 ** 20]]"),
+        ("code_max_procs", "RLIMIT_NPROC of a program run",
+         "test_code_max_procs_and_max_output_kb_flags_reach_the_sandbox"),
+        ("code_max_output_kb", "output read before the program is killed",
+         "test_code_max_procs_and_max_output_kb_flags_reach_the_sandbox"))},
     "remote_rm_timeout": _t("seconds per request to a reward server (default --reward_timeout)",
                             _REMOTE + "test_remote_rm_timeout_flag_bounds_each_request", _BI_SCORING),
     "remote_rm_retries": _t("rounds per request: retries + 1 (each round tries every URL)",

@@ -27,6 +27,17 @@ class RewardSourceOptions:
                                       "each program run gets 5 s, or this where smaller (one over it scores 0)",
                                 command_help={"serve-rm": "seconds per reward_func call (builtin:code: each program "
                                                           "run 5 s, or this where smaller)"})
+    code_sandbox: str = opt("auto", "builtin:code's sandbox: namespaces (user+mount+net+pid namespaces, a fresh "
+                                    "read-only root, no network), rlimit (limits only), auto: the strongest that "
+                                    "works here", choices=["auto", "namespaces", "rlimit"])
+    code_memory_mb: int = opt(512, "builtin:code: address space of a program run, MiB (RLIMIT_AS)")
+    code_max_procs: int = opt(32, "builtin:code: processes of a program run (RLIMIT_NPROC; see docs/rewards.md for "
+                                  "what it counts in each sandbox mode)")
+    code_max_open_files: int = opt(64, "builtin:code: open files of a program run (RLIMIT_NOFILE)")
+    code_max_file_mb: int = opt(16, "builtin:code: size of a file a program writes, MiB (RLIMIT_FSIZE; also each "
+                                    "tmpfs of the namespaces sandbox)")
+    code_max_output_kb: int = opt(1024, "builtin:code: KiB read of a program's stdout and of its results; more "
+                                        "kills it (reward_failure output_limit)")
     normalize_reward: bool = opt(False, "reward models: (r - reward_mean) / reward_std with the statistics "
                                         "'rlhfkit rm' stored in their config.json")
 

@@ -208,7 +208,10 @@ def score(cfg: BatchInferenceConfig, rows: list[dict[str, Any]], stats: dict[str
                        reward_timeout=cfg.reward_timeout, max_len=cfg.max_len, remote_rm_timeout=cfg.remote_rm_timeout,
                        remote_rm_retries=cfg.remote_rm_retries, remote_rm_backoff=cfg.remote_rm_backoff,
                        remote_rm_token=cfg.remote_rm_token,
-                       remote_rm_max_response_mb=cfg.remote_rm_max_response_mb)
+                       remote_rm_max_response_mb=cfg.remote_rm_max_response_mb, code_sandbox=cfg.code_sandbox,
+                       code_memory_mb=cfg.code_memory_mb, code_max_procs=cfg.code_max_procs,
+                       code_max_open_files=cfg.code_max_open_files, code_max_file_mb=cfg.code_max_file_mb,
+                       code_max_output_kb=cfg.code_max_output_kb)
     source = reward_source_from_config(specs, micro_batch_size=cfg.micro_batch_size)
     prompts = [str(r["input"]) for r in rows]
     labels = [r.get("label") for r in rows] if cfg.label_key else None

@@ -82,6 +82,11 @@ def write_manifest(run_dir: Path, cfg: TrainingConfig, world_size: int, torchrun
     }
     if cfg.precision is not None:  # set by rlhfkit.engine.precision.apply_precision
         manifest["precision"] = cfg.precision.as_dict()
+    specs = f"{getattr(cfg, 'reward_pretrain', None) or ''},{getattr(cfg, 'remote_rm_url', None) or ''}"
+    if "builtin:code" in specs:  # how the policy's programs are isolated (rlhfkit.rewards.sandbox)
+        from rlhfkit.rewards.sandbox import describe_mode
+
+        manifest["code_sandbox"] = describe_mode(str(getattr(cfg, "code_sandbox", "auto")))
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
 

@@ -1,57 +1,66 @@
-"""`builtin:code`: run the response's Python program against the label's tests in a resource-limited subprocess.
+"""`builtin:code`: run the response's Python program against the label's tests in a sandbox (rewards/sandbox.py).
 
 The program is the last ```` ```python ```` (or plain ```` ``` ````) fenced block of the response, else the whole
 response. The label (a dict, or a JSON string of one) says how to test it:
 
-* ``{"tests": ["assert add(1, 2) == 3", ...]}`` (or a single string): each assertion runs after the program, in its
-  own process; a case passes when the process exits 0 after the assertion ran (a program that exits early, e.g.
-  ``sys.exit(0)`` before the appended test, fails the case);
-* ``{"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}``: stdin/stdout cases; a case passes when the program's
-  stdout equals the expected output (trailing whitespace of each line and trailing blank lines ignored).
+* ``{"tests": ["assert add(1, 2) == 3", ...]}`` (or a single string): each test is one case, run after the program
+  in its own sandbox. The assert's expected values stay in the reward process: the sandbox evaluates only the
+  operands the program must compute (``add(1, 2)``) and sends their values back as plain data over a pipe of its
+  own; the comparison happens here (rewards/code_asserts.py). A case passes when the program ran to its end, every
+  setup statement of the test ran and every assert holds on those values; printing, exiting early or hooks the
+  program installs give it nothing to forge;
+* ``{"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}``: stdin/stdout cases; a case passes when the program
+  exits 0 and its stdout equals the expected output (trailing whitespace of each line and trailing blank lines
+  ignored).
 
 Reward = the fraction of cases that pass; score = 1.0 when all pass, else 0.0 (pass@k counts whole solutions).
 ``extra_logs``: ``code_pass_rate``, ``code_has_block`` (a fenced block was found), ``code_timeouts``,
-``reward_failure``.
+``code_sandbox_namespaces`` (1.0 where the cases ran in the namespaces sandbox), ``reward_failure``.
 
 Failures that belong to one sample cost that sample alone (reward and score 0, the reason in
 ``extra_logs["reward_failure"]``, counted by the online loop in ``reward/failed_<reason>``): a case that runs past
 ``timeout`` seconds (``timeout``; the limit is per program run, so a slow sample never holds up the batch beyond its
-own cases) and a case whose stdout is not UTF-8 (``undecodable_output``). A sample's first such reason is given.
-
-Each case runs ``python -I -S`` (isolated: no user site, no environment variables, no current directory on the
-path) in a fresh empty temporary directory, with an empty environment, ``RLIMIT_AS`` = ``memory_mb``,
-``RLIMIT_CPU`` and a wall-clock ``timeout`` (``--reward_timeout`` for ``builtin:code``; at the timeout the process
-group is killed), ``RLIMIT_FSIZE`` = 16 MiB, and no stdin beyond the case's input.
-Cases of a batch run concurrently (``workers``, default the CPU count). **This is resource limiting, not a
-security boundary**: the program can still read files the user can read and open network connections. Train on
-untrusted generations at scale behind a container or a sandbox service (`--remote_rm_url http://...`).
+own cases), one whose stdout or result values exceed ``--code_max_output_kb`` (``output_limit``), a case whose
+stdout is not UTF-8 (``undecodable_output``) and a sandbox that could not be set up (``sandbox_error``). A sample's
+first such reason is given. Limits and isolation: rewards/sandbox.py and docs/rewards.md (what each
+``--code_sandbox`` mode stops and what it does not). Cases of a batch run concurrently (``workers``, default the
+CPU count).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
-import secrets
-import signal
-import subprocess
-import sys
-import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from rlhfkit.rewards.base import response_of
+from rlhfkit.rewards.code_asserts import check_passes, leaf_values, plan_asserts
+from rlhfkit.rewards.sandbox import (
+    OUTPUT_LIMIT,
+    SANDBOX_ERROR,
+    TIMEOUT,
+    SandboxLimits,
+    describe_mode,
+    resolve_mode,
+    run_sandboxed,
+)
+
+logger = logging.getLogger(__name__)
 
 FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
-FILE_LIMIT = 16 * 2**20
-TIMEOUT, UNDECODABLE = "timeout", "undecodable_output"  # per-sample failure reasons (extra_logs["reward_failure"])
+UNDECODABLE = "undecodable_output"  # per-sample failure reasons (extra_logs["reward_failure"]), with sandbox.py's
+__all__ = ["OUTPUT_LIMIT", "SANDBOX_ERROR", "TIMEOUT", "UNDECODABLE", "Case", "check_case", "extract_program",
+           "make_code_reward_func", "parse_cases", "run_case"]
 
 
 @dataclass(frozen=True)
 class Case:
-    """One test: code appended to the program (an assertion), or stdin with the expected stdout."""
+    """One test: assert statements run after the program, or stdin with the expected stdout."""
 
     append: str = ""
     stdin: str = ""
@@ -65,7 +74,7 @@ def extract_program(response: str) -> tuple[str, bool]:
 
 
 def parse_cases(label: Any, index: int) -> list[Case]:
-    """The test cases of one label; ValueError naming the sample for anything else."""
+    """The test cases of one label; ValueError naming the sample (and test) for anything else."""
     if isinstance(label, str):
         try:
             label = json.loads(label)
@@ -76,6 +85,8 @@ def parse_cases(label: Any, index: int) -> list[Case]:
         raise ValueError(f"builtin:code: sample {index}: the label must be a dict, got {type(label).__name__}")
     if "tests" in label:
         tests = [label["tests"]] if isinstance(label["tests"], str) else list(label["tests"])
+        for number, test in enumerate(tests):
+            plan_asserts([str(test)], f"builtin:code: sample {index}, label 'tests'[{number}]")
         return [Case(append=str(t)) for t in tests]
     inputs, outputs = label.get("inputs"), label.get("outputs")
     if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
@@ -88,76 +99,51 @@ def _normalize_output(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip("\n").splitlines()).rstrip()
 
 
-# The child sets its own limits, then runs the program (passed as argv[1]) as `__main__`. Not `preexec_fn`: that runs
-# Python between fork and exec, which deadlocks when another thread of this process (Ray's, the reward pool's) held a
-# lock at the fork (seen here: a test hung in `_execute_child` for 10+ minutes, the child stuck before exec).
-_LIMITED_RUNNER = """import resource as _r, sys as _s
-for _k, _v in ((_r.RLIMIT_AS, {memory}), (_r.RLIMIT_CPU, {cpu}), (_r.RLIMIT_FSIZE, {fsize})):
-    _r.setrlimit(_k, (_v, _v))
-_src = _s.argv.pop(1)
-del _r, _s, _k, _v
-exec(compile(_src, "<string>", "exec"), {{"__name__": "__main__", "__builtins__": __builtins__}})
-"""
+def check_case(program: str, case: Case, *, timeout: float = 5.0, memory_mb: int | None = None,
+               limits: SandboxLimits | None = None, sandbox: str = "auto") -> tuple[bool, str]:
+    """(passed, failure reason) of one case in a fresh sandbox (rewards/sandbox.py, mode ``sandbox``); the reason is
+    ``""``, ``"timeout"``, ``"output_limit"``, ``"undecodable_output"`` or ``"sandbox_error"``. ``memory_mb``
+    overrides ``limits.memory_mb``."""
+    limits = limits or SandboxLimits()
+    if memory_mb is not None:
+        limits = SandboxLimits(**{**limits.__dict__, "memory_mb": memory_mb})
+    plan = plan_asserts([case.append], "builtin:code") if case.append else None
+    run = run_sandboxed(program, plan.steps if plan else [], stdin=case.stdin,
+                        capture_stdout=case.expected_stdout is not None, timeout=timeout, limits=limits,
+                        mode=sandbox)
+    if run.failure:
+        return False, run.failure
+    if case.expected_stdout is not None:
+        try:
+            stdout = run.stdout.decode("utf-8")
+        except UnicodeDecodeError:
+            return False, UNDECODABLE
+        return run.exit_status == 0 and _normalize_output(stdout) == _normalize_output(case.expected_stdout), ""
+    if plan is None:
+        return run.exit_status == 0 and {"program": "ok"} in run.messages, ""
+    leaves, ran = leaf_values(plan, run.messages)
+    return ran and all(check_passes(check, leaves, plan.bindings) for check in plan.checks), ""
 
 
-def _limited_command(source: str, memory_mb: int, cpu_seconds: int) -> list[str]:
-    """`python -c` that caps address space, CPU seconds and file size (RLIMIT_AS/CPU/FSIZE, soft = hard), then
-    runs `source`."""
-    runner = _LIMITED_RUNNER.format(memory=memory_mb << 20, cpu=cpu_seconds, fsize=FILE_LIMIT)
-    return [sys.executable, "-I", "-S", "-c", runner, source]
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the case's process group (the child leads its own session), then the child itself."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:  # already gone
-        pass
-    proc.kill()
-
-
-def check_case(program: str, case: Case, *, timeout: float = 5.0, memory_mb: int = 512) -> tuple[bool, str]:
-    """(passed, failure reason) of one case in a fresh limited subprocess; the reason is ``""``, ``"timeout"`` (ran
-    past ``timeout`` s: its process group is killed) or ``"undecodable_output"`` (stdout is not UTF-8). An
-    assertion case passes only when the process exits 0 *after* the assertions ran: a random token printed after
-    them must end stdout, so a program that calls `sys.exit(0)` (or `os._exit(0)`) before the appended tests does
-    not pass them."""
-    reached = secrets.token_hex(16)
-    source = program if not case.append else \
-        f"{program}\n\n{case.append}\n\nimport sys as _rlhfkit_sys\n_rlhfkit_sys.stdout.write('\\n{reached}\\n')\n"
-    with tempfile.TemporaryDirectory(prefix="rlhfkit_code_") as workdir:
-        with subprocess.Popen(_limited_command(source, memory_mb, max(1, int(timeout) + 1)), stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=workdir, env={},
-                              start_new_session=True) as proc:
-            try:
-                raw, _ = proc.communicate(case.stdin.encode("utf-8", "surrogateescape"), timeout=timeout)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                try:  # a descendant that left the group may still hold stdout open: do not wait for it
-                    proc.communicate(timeout=1.0)
-                except subprocess.TimeoutExpired:
-                    pass
-                return False, TIMEOUT
-    try:
-        stdout = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False, UNDECODABLE
-    if proc.returncode != 0:
-        return False, ""
-    if case.expected_stdout is None:
-        return not case.append or stdout.rstrip().endswith(reached), ""
-    return _normalize_output(stdout) == _normalize_output(case.expected_stdout), ""
-
-
-def run_case(program: str, case: Case, *, timeout: float = 5.0, memory_mb: int = 512) -> tuple[bool, bool]:
+def run_case(program: str, case: Case, *, timeout: float = 5.0, memory_mb: int | None = None,
+             limits: SandboxLimits | None = None, sandbox: str = "auto") -> tuple[bool, bool]:
     """(passed, timed out) of one case (:func:`check_case`)."""
-    passed, reason = check_case(program, case, timeout=timeout, memory_mb=memory_mb)
+    passed, reason = check_case(program, case, timeout=timeout, memory_mb=memory_mb, limits=limits, sandbox=sandbox)
     return passed, reason == TIMEOUT
 
 
-def make_code_reward_func(timeout: float = 5.0, memory_mb: int = 512,
-                          workers: int | None = None) -> Callable[..., dict[str, Any]]:
-    """The `builtin:code` reward_func (see the module docstring); ``timeout``: seconds per program run (case)."""
+def make_code_reward_func(timeout: float = 5.0, memory_mb: int | None = None, workers: int | None = None,
+                          limits: SandboxLimits | None = None,
+                          sandbox: str = "auto") -> Callable[..., dict[str, Any]]:
+    """The `builtin:code` reward_func (see the module docstring); ``timeout``: seconds per program run (case);
+    ``limits`` / ``sandbox``: the ``--code_*`` flags (rewards/sandbox.py). The sandbox mode is resolved (and
+    logged) here, so an unavailable ``sandbox="namespaces"`` fails at start, not at the first batch."""
+    mode = resolve_mode(sandbox)
+    logger.info("builtin:code sandbox: %s", describe_mode(sandbox))
+    limits = limits or SandboxLimits()
+    if memory_mb is not None:
+        limits = SandboxLimits(**{**limits.__dict__, "memory_mb": memory_mb})
+
     def code_reward_func(queries: list[str], prompts: list[str], labels: list[Any]) -> dict[str, Any]:
         if labels is None or any(label is None for label in labels):
             raise ValueError("builtin:code needs a label with the tests of every sample (set --label_key)")
@@ -165,8 +151,8 @@ def make_code_reward_func(timeout: float = 5.0, memory_mb: int = 512,
         jobs = [(i, program, case) for i, ((program, _), label) in enumerate(zip(programs, labels))
                 for case in parse_cases(label, i)]
         with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
-            results = list(pool.map(lambda job: check_case(job[1], job[2], timeout=timeout, memory_mb=memory_mb),
-                                    jobs))
+            results = list(pool.map(lambda job: check_case(job[1], job[2], timeout=timeout, limits=limits,
+                                                           sandbox=mode), jobs))
         n = len(queries)
         passed, total, timeouts, failures = [0] * n, [0] * n, [0] * n, [""] * n
         for (i, _, _), (ok, reason) in zip(jobs, results):
@@ -179,6 +165,8 @@ def make_code_reward_func(timeout: float = 5.0, memory_mb: int = 512,
         scores = [float(p == t and t > 0 and not f) for p, t, f in zip(passed, total, failures)]
         return {"rewards": rewards, "scores": scores,
                 "extra_logs": {"code_pass_rate": rates, "code_has_block": [float(b) for _, b in programs],
-                               "code_timeouts": [float(t) for t in timeouts], "reward_failure": failures}}
+                               "code_timeouts": [float(t) for t in timeouts],
+                               "code_sandbox_namespaces": [float(mode == "namespaces")] * n,
+                               "reward_failure": failures}}
 
     return code_reward_func

@@ -56,7 +56,7 @@ from rlhfkit.errors import ConfigError, RewardError
 from rlhfkit.rewards.base import RewardOutput, RewardSource, check_batch
 from rlhfkit.rewards.batcher import ClientGone, Pending, RequestBatcher
 from rlhfkit.rewards.remote import ENDPOINT, TOKEN_ENV
-from rlhfkit.rewards.sources import build_reward_source
+from rlhfkit.rewards.sources import build_reward_source, code_sandbox_options
 
 logger = logging.getLogger(__name__)
 MB = 1024 * 1024
@@ -372,7 +372,8 @@ def server_from_options(opts: ServeRMConfig) -> RewardServer:
     weights = [float(w) for w in opts.reward_weights.split(",")] if opts.reward_weights else None
     source = build_reward_source(specs, timeout=opts.reward_timeout, error_policy=opts.reward_error_policy,
                                  combine_rule=opts.reward_combine, weights=weights,
-                                 format_pattern=opts.reward_format_pattern, model_kwargs=model_kwargs)
+                                 format_pattern=opts.reward_format_pattern, model_kwargs=model_kwargs,
+                                 code_kwargs=code_sandbox_options(opts))
     return RewardServer(source, opts.host, opts.port, token, limits=limits,
                         allow_unauthenticated=opts.allow_unauthenticated)
 

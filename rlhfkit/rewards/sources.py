@@ -30,6 +30,7 @@ from rlhfkit.rewards.base import FAILURE_KEY, RewardOutput, RewardSource, check_
 from rlhfkit.rewards.remote import RemoteRewardClient, max_response_bytes, remote_timeout
 from rlhfkit.rewards.reward_func import DEFAULT_TIMEOUT, RewardFuncSource
 from rlhfkit.rewards.reward_model import RewardModelSource
+from rlhfkit.rewards.sandbox import SandboxLimits
 from rlhfkit.rewards.verifiers import get_builtin
 
 COMBINE_RULES = ("mean", "sum")
@@ -57,13 +58,14 @@ def build_reward_source(specs: str | Sequence[str], *, timeout: float | None = D
                         error_policy: str = "raise", combine_rule: str = "mean",
                         weights: Sequence[float] | None = None, format_pattern: str | None = None,
                         model_kwargs: dict[str, Any] | None = None,
-                        remote_kwargs: dict[str, Any] | None = None) -> RewardSource:
+                        remote_kwargs: dict[str, Any] | None = None,
+                        code_kwargs: dict[str, Any] | None = None) -> RewardSource:
     """One reward source for ``specs`` (see the module docstring); several are wrapped in :class:`CombinedSource`.
 
     ``timeout`` / ``error_policy`` apply to reward_func files and built-ins; ``model_kwargs`` go to
     :class:`RewardModelSource` (``micro_batch_size``, ``max_len``, ``normalize_reward``, ``dtype``, ``device``, ...);
     ``remote_kwargs`` to :class:`RemoteRewardClient` (``timeout``, ``retries``, ``backoff``, ``token``,
-    ``max_response_bytes``).
+    ``max_response_bytes``); ``code_kwargs`` to ``builtin:code`` (:func:`code_sandbox_options`).
     """
     items = split_specs(specs)
     if not items:
@@ -80,25 +82,40 @@ def build_reward_source(specs: str | Sequence[str], *, timeout: float | None = D
             sources.append(RewardFuncSource.from_file(spec, timeout=timeout, error_policy=error_policy))
         elif kind == "builtin":
             sources.append(builtin_source(spec, timeout=timeout, error_policy=error_policy,
-                                          format_pattern=format_pattern))
+                                          format_pattern=format_pattern, **(code_kwargs or {})))
         else:
             sources.append(RewardModelSource(spec, **(model_kwargs or {})))
     return sources[0] if len(sources) == 1 and weights is None else CombinedSource(sources, combine_rule, weights)
 
 
 CODE_PROGRAM_SECONDS = 5.0  # builtin:code's limit per program run (at most --reward_timeout)
+CODE_FLAGS = {"code_memory_mb": "memory_mb", "code_max_procs": "max_procs", "code_max_open_files": "max_open_files",
+              "code_max_file_mb": "max_file_mb", "code_max_output_kb": "max_output_kb"}
+
+
+def code_sandbox_options(cfg: Any) -> dict[str, Any]:
+    """``builtin_source``'s ``code_sandbox`` / ``code_limits`` from a config with the ``--code_*`` flags (those it
+    lacks keep their defaults)."""
+    values = {limit: int(getattr(cfg, flag)) for flag, limit in CODE_FLAGS.items() if hasattr(cfg, flag)}
+    for flag, value in values.items():
+        if value <= 0:
+            raise ValueError(f"--{next(f for f, v in CODE_FLAGS.items() if v == flag)} must be positive, got {value}")
+    return {"code_sandbox": str(getattr(cfg, "code_sandbox", "auto")), "code_limits": SandboxLimits(**values)}
 
 
 def builtin_source(spec: str, *, timeout: float | None = DEFAULT_TIMEOUT, error_policy: str = "raise",
-                   format_pattern: str | None = None) -> RewardFuncSource:
+                   format_pattern: str | None = None, code_sandbox: str = "auto",
+                   code_limits: SandboxLimits | None = None) -> RewardFuncSource:
     """The source of a ``builtin:NAME`` spec. ``timeout`` (``--reward_timeout``) bounds each call, except for
     ``builtin:code``, which bounds each program run by ``CODE_PROGRAM_SECONDS`` (5 s), or by ``timeout`` where that is
-    smaller, and so gets no batch deadline: a policy that writes endless loops costs 5 s a program, not a minute."""
+    smaller, and so gets no batch deadline: a policy that writes endless loops costs 5 s a program, not a minute.
+    ``code_sandbox`` / ``code_limits``: builtin:code's ``--code_sandbox`` and ``--code_*`` limits
+    (:func:`code_sandbox_options`)."""
     name = spec[len(BUILTIN_PREFIX):]
     if name == "code":
         program_timeout = min(CODE_PROGRAM_SECONDS, float(timeout)) if timeout and timeout > 0 else \
             CODE_PROGRAM_SECONDS
-        func = get_builtin(name, program_timeout=program_timeout)
+        func = get_builtin(name, program_timeout=program_timeout, code_sandbox=code_sandbox, code_limits=code_limits)
         return RewardFuncSource(func, spec, timeout=None, error_policy=error_policy)
     func = get_builtin(name, format_pattern=format_pattern)
     return RewardFuncSource(func, spec, timeout=timeout, error_policy=error_policy)
@@ -124,6 +141,12 @@ class RewardSpec:
     remote_rm_backoff: float = 1.0
     remote_rm_token: str | None = None       # None: env RLHFKIT_RM_TOKEN
     remote_rm_max_response_mb: float = 64.0
+    code_sandbox: str = "auto"               # builtin:code's sandbox and limits (rlhfkit.rewards.sandbox)
+    code_memory_mb: int = 512
+    code_max_procs: int = 32
+    code_max_open_files: int = 64
+    code_max_file_mb: int = 16
+    code_max_output_kb: int = 1024
 
 
 def reward_source_from_config(spec: RewardSpec, micro_batch_size: int | None = None) -> RewardSource:
@@ -143,7 +166,8 @@ def reward_source_from_config(spec: RewardSpec, micro_batch_size: int | None = N
     return build_reward_source(
         specs, timeout=reward_timeout, error_policy=spec.reward_error_policy, combine_rule=spec.reward_combine,
         weights=[float(w) for w in split_specs(weights)] if weights is not None else None,
-        format_pattern=spec.reward_format_pattern, model_kwargs=model_kwargs, remote_kwargs=remote_kwargs)
+        format_pattern=spec.reward_format_pattern, model_kwargs=model_kwargs, remote_kwargs=remote_kwargs,
+        code_kwargs=code_sandbox_options(spec))
 
 
 def combine(outputs: Sequence[RewardOutput], names: Sequence[str], rule: str = "mean",

@@ -170,14 +170,15 @@ BUILTINS: dict[str, str] = {
     "math": "last \\boxed{} or final number == label (exact fractions)",
     "format": "response matches <think>...</think><answer>...</answer> (or --reward_format_pattern)",
     "exact": "stripped response == stripped label",
-    "code": "the response's Python program passes the label's tests in a limited subprocess (rewards/code.py)",
+    "code": "the response's Python program passes the label's tests in a sandbox (rewards/code.py, sandbox.py)",
 }
 
 
-def get_builtin(name: str, *, format_pattern: str | None = None,
-                program_timeout: float | None = None) -> Callable[..., dict[str, Any]]:
+def get_builtin(name: str, *, format_pattern: str | None = None, program_timeout: float | None = None,
+                code_sandbox: str = "auto", code_limits: Any = None) -> Callable[..., dict[str, Any]]:
     """The reward_func of a built-in verifier by name; a clear error listing the names otherwise.
-    ``program_timeout``: seconds each program of ``builtin:code`` may run (None: its default)."""
+    ``program_timeout``: seconds each program of ``builtin:code`` may run (None: its default);
+    ``code_sandbox`` / ``code_limits``: its sandbox mode and :class:`rlhfkit.rewards.sandbox.SandboxLimits`."""
     if name == "math":
         return math_reward_func
     if name == "format":
@@ -187,6 +188,7 @@ def get_builtin(name: str, *, format_pattern: str | None = None,
     if name == "code":
         from rlhfkit.rewards.code import make_code_reward_func
 
-        return make_code_reward_func() if program_timeout is None else make_code_reward_func(timeout=program_timeout)
+        return make_code_reward_func(timeout=5.0 if program_timeout is None else program_timeout, sandbox=code_sandbox,
+                                     limits=code_limits)
     known = ", ".join(f"builtin:{k} ({v})" for k, v in BUILTINS.items())
     raise ValueError(f"unknown built-in reward 'builtin:{name}'; known: {known}")

@@ -27,7 +27,7 @@ from rlhfkit.rewards.base import RewardOutput, check_batch
 from rlhfkit.rewards.remote import RemoteRewardClient, max_response_bytes, remote_timeout
 from rlhfkit.rewards.reward_func import RewardFuncSource
 from rlhfkit.rewards.reward_model import RewardModelSource
-from rlhfkit.rewards.sources import builtin_source, combine, spec_kind, split_specs
+from rlhfkit.rewards.sources import builtin_source, code_sandbox_options, combine, spec_kind, split_specs
 from rlhfkit.rl.group import run_side_by_side
 from rlhfkit.rollout.types import RolloutSample
 
@@ -61,7 +61,7 @@ def text_sources(cfg: PPOConfig) -> list[Any]:
                                                       error_policy=cfg.reward_error_policy))
         elif kind == "builtin":
             sources.append(builtin_source(spec, timeout=cfg.reward_timeout, error_policy=cfg.reward_error_policy,
-                                          format_pattern=cfg.reward_format_pattern))
+                                          format_pattern=cfg.reward_format_pattern, **code_sandbox_options(cfg)))
         else:  # a model named in --remote_rm_url: scored in-process from text (OpenRLHF accepts no such thing)
             sources.append(RewardModelSource(spec, micro_batch_size=cfg.micro_rollout_batch_size,
                                              normalize_reward=cfg.normalize_reward))
