@@ -60,9 +60,11 @@ def _jsonable(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, type(None), list, dict)) else str(value)
 
 
-def write_manifest(run_dir: Path, cfg: TrainingConfig, world_size: int, torchrun: bool = True) -> dict[str, Any]:
+def write_manifest(run_dir: Path, cfg: TrainingConfig, world_size: int, torchrun: bool = True,
+                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """manifest.json: everything needed to reproduce the run. `torchrun`: the command is launched once per rank
-    (the offline commands); False for the Ray-driven ones (ppo), which start their ranks themselves."""
+    (the offline commands); False for the Ray-driven ones (ppo), which start their ranks themselves. `extra`: entries
+    the caller resolved (e.g. `code_sandbox`: how builtin:code isolates programs, `rlhfkit.rewards.sandbox`)."""
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     command = "rlhfkit " + cfg.command + " " + " ".join(shlex.quote(a) for a in cfg.argv)
     if world_size > 1 and torchrun:
@@ -82,11 +84,7 @@ def write_manifest(run_dir: Path, cfg: TrainingConfig, world_size: int, torchrun
     }
     if cfg.precision is not None:  # set by rlhfkit.engine.precision.apply_precision
         manifest["precision"] = cfg.precision.as_dict()
-    specs = f"{getattr(cfg, 'reward_pretrain', None) or ''},{getattr(cfg, 'remote_rm_url', None) or ''}"
-    if "builtin:code" in specs:  # how the policy's programs are isolated (rlhfkit.rewards.sandbox)
-        from rlhfkit.rewards.sandbox import describe_mode
-
-        manifest["code_sandbox"] = describe_mode(str(getattr(cfg, "code_sandbox", "auto")))
+    manifest.update(extra or {})
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
 
@@ -128,12 +126,13 @@ def redirect_output(path: str | Path) -> Path:
     return path
 
 
-def prepare_run_dir(cfg: TrainingConfig, is_main: bool, world_size: int, torchrun: bool = True) -> Path:
-    """Create the run folder (rank 0), set up logging, write the manifest."""
+def prepare_run_dir(cfg: TrainingConfig, is_main: bool, world_size: int, torchrun: bool = True,
+                    extra: dict[str, Any] | None = None) -> Path:
+    """Create the run folder (rank 0), set up logging, write the manifest (with `extra`, as `write_manifest`)."""
     run_dir = Path(cfg.run_dir or default_run_dir(cfg.command))
     cfg.run_dir = str(run_dir)
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_manifest(run_dir, cfg, world_size, torchrun)
+        write_manifest(run_dir, cfg, world_size, torchrun, extra)
     setup_logging(run_dir if is_main else None, is_main)
     return run_dir

@@ -303,3 +303,12 @@ def describe_mode(mode: str = "auto") -> dict[str, Any]:
     resolved = "rlimit" if mode == "rlimit" or not works else "namespaces"
     return {"requested": mode, "mode": resolved, "namespaces_available": works,
             **({"namespaces_unavailable_because": reason} if not works else {})}
+
+
+def manifest_entries(cfg: Any) -> dict[str, Any]:
+    """The run manifest's `code_sandbox` entry (`describe_mode` of --code_sandbox) when a reward flag of `cfg` names
+    builtin:code, else nothing."""
+    specs = f"{getattr(cfg, 'reward_pretrain', None) or ''},{getattr(cfg, 'remote_rm_url', None) or ''}"
+    if "builtin:code" not in specs:
+        return {}
+    return {"code_sandbox": describe_mode(str(getattr(cfg, "code_sandbox", "auto")))}

@@ -28,6 +28,7 @@ from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_
 from rlhfkit.observability.mfu import FlopModel
 from rlhfkit.observability.placement import record_placement
 from rlhfkit.observability.run import prepare_run_dir, record_resume
+from rlhfkit.rewards.sandbox import manifest_entries as sandbox_manifest_entries
 from rlhfkit.rl.colocation import Phases
 from rlhfkit.rl.group import ModelGroup
 from rlhfkit.rl.make_experience import PromptStream
@@ -298,7 +299,8 @@ def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = No
     cfg.vllm_sync_backend = _resolved_transport(plan)
     # before worker_cfg (workers get concrete dtypes); the driver never creates a CUDA context of its own
     precision = apply_precision(cfg, "cuda" if has_gpus else "cpu", touch_device=False)
-    run_dir = prepare_run_dir(cfg, True, plan.world("actor"), torchrun=False)  # the driver starts the ranks
+    run_dir = prepare_run_dir(cfg, True, plan.world("actor"), torchrun=False,  # the driver starts the ranks
+                              extra=sandbox_manifest_entries(cfg))
     pretrain = cfg.pretrain = resolve_pretrain(need(cfg.pretrain, "--pretrain"))
     tokenizer = _policy_tokenizer(cfg, pretrain)
     check_vision_model(cfg)

@@ -15,7 +15,14 @@ import pytest
 from rlhfkit.config.parse import parse_config
 from rlhfkit.observability.run import write_manifest
 from rlhfkit.rewards.code import OUTPUT_LIMIT, Case, check_case, make_code_reward_func
-from rlhfkit.rewards.sandbox import SandboxLimits, describe_mode, namespaces_available, resolve_mode, run_sandboxed
+from rlhfkit.rewards.sandbox import (
+    SandboxLimits,
+    describe_mode,
+    manifest_entries,
+    namespaces_available,
+    resolve_mode,
+    run_sandboxed,
+)
 from rlhfkit.rewards.sources import RewardSpec, reward_source_from_config
 from rlhfkit.rl.reward_group import text_sources
 
@@ -144,7 +151,7 @@ def test_code_sandbox_flag_picks_the_mode_and_the_manifest_names_it(tmp_path, mo
     (source,) = text_sources(cfg)
     out = source(["Q```python\n" + ADD + "```"], ["Q"], [{"tests": ["assert add(1, 2) == 3"]}])
     assert out.extra_logs["code_sandbox_namespaces"].tolist() == [float(mode == "namespaces")]
-    write_manifest(tmp_path, cfg, world_size=1, torchrun=False)
+    write_manifest(tmp_path, cfg, world_size=1, torchrun=False, extra=manifest_entries(cfg))  # as rl/setup.py does
     entry = json.loads((tmp_path / "manifest.json").read_text())["code_sandbox"]
     assert entry["requested"] == mode and entry["mode"] == mode and entry == describe_mode(mode)
 
