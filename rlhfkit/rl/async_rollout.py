@@ -187,8 +187,9 @@ def pending_path(cfg: PPOConfig, step: int) -> Path:
     return Path(cfg.ckpt_path) / "driver" / f"pending_rollout_step{step}.pt"
 
 
-def _register_rollout_types() -> None:
-    """The dataclasses a pending rollout holds, allowed in the checkpoint's plain-data format (engine/safe_state)."""
+def register_rollout_types() -> None:
+    """The dataclasses a rollout holds, allowed in the plain-data format of engine/safe_state (the pending rollouts of
+    a checkpoint, and --rollout_dump_dir's step files)."""
     from rlhfkit.rl.make_experience import Rollout, Timer
 
     register_dataclasses(Rollout, Timer, RolloutSample, SamplingConfig)
@@ -200,7 +201,7 @@ def save_pending(cfg: PPOConfig, step: int, rollouts: list[Collected]) -> None:
     path = pending_path(cfg, step)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    _register_rollout_types()
+    register_rollout_types()
     save_state(list(rollouts), tmp)
     tmp.replace(path)
     kept = sorted(path.parent.glob("pending_rollout_step*.pt"), key=lambda p: int(p.stem.rsplit("step", 1)[1]))
@@ -210,7 +211,7 @@ def save_pending(cfg: PPOConfig, step: int, rollouts: list[Collected]) -> None:
 
 def load_pending(cfg: PPOConfig, step: int) -> list[Collected]:
     """The rollouts saved at `step` (a file of an older version holds one tuple: that one), or [] with a warning."""
-    _register_rollout_types()
+    register_rollout_types()
     path = pending_path(cfg, step)
     if not path.exists():
         log.warning("--async_train resume: no rollout generated ahead at step %d (%s); generating it now with the "
