@@ -142,6 +142,8 @@ def test_a_replay_trains_exactly_as_the_dumped_run_without_engines(dumped_run, t
 
     original_out, original = dumped_run
     assert sorted(p.name for p in (original_out / "dump").iterdir()) == [MANIFEST, "step_1.pt", "step_2.pt"]
+    manifest = json.loads((original_out / "dump" / MANIFEST).read_text())
+    assert manifest["config"]["rollout_dump_dir"] == str(original_out / "dump")  # the fixture's run dumped here
 
     def no_engines(*args, **kwargs):
         raise AssertionError("a replay created rollout engines")
@@ -161,11 +163,11 @@ def test_a_replay_trains_exactly_as_the_dumped_run_without_engines(dumped_run, t
         compared = sorted(k for k in a if not k.startswith(ENGINE_ONLY))
         assert compared == sorted(k for k in b if not k.startswith(ENGINE_ONLY))
         assert not any(k.startswith(("sync/", "eval/")) for k in b) and "time/replay_load" in b
-        assert {"train/policy_loss", "train/kl", "train/grad_norm", "train/entropy", "train/clip_frac",
+        assert {"train/policy_loss", "train/kl_loss", "train/grad_norm", "train/entropy", "train/clip_frac",
                 "rollout/reward_mean", "rollout/logprob_abs_diff_mean", "filter/kept_groups"} <= set(compared)
         for key in compared:  # the same fp32 arithmetic on the same inputs in the same order: bit for bit
             assert a[key] == b[key], (a["step"], key, a[key], b[key])
-    assert replayed[1]["train/kl"] > 0 and replayed[1]["train/grad_norm"] > 0  # step 2 moved away: it bites
+    assert replayed[1]["train/kl_loss"] > 0 and replayed[1]["train/grad_norm"] > 0  # step 2 moved away: it bites
     wa, wb = load_file(str(original_out / "hf" / "model.safetensors")), load_file(str(tmp_path / "hf" /
                                                                                      "model.safetensors"))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
