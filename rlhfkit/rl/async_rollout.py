@@ -33,8 +33,9 @@ from typing import Any
 import torch
 
 from rlhfkit.config.commands import PPOConfig
-from rlhfkit.engine.safe_state import load_state, register_dataclasses, save_state
+from rlhfkit.engine.safe_state import load_state, save_state
 from rlhfkit.rl.engine_faults import EngineFaults, engine_fault
+from rlhfkit.rl.make_experience import register_rollout_types
 from rlhfkit.rollout.partial import VERSIONS_KEY, generate_in_chunks
 from rlhfkit.rollout.types import RolloutSample, SamplingConfig
 
@@ -185,14 +186,6 @@ class RolloutQueue:
 
 def pending_path(cfg: PPOConfig, step: int) -> Path:
     return Path(cfg.ckpt_path) / "driver" / f"pending_rollout_step{step}.pt"
-
-
-def register_rollout_types() -> None:
-    """The dataclasses a rollout holds, allowed in the plain-data format of engine/safe_state (the pending rollouts of
-    a checkpoint, and --rollout_dump_dir's step files)."""
-    from rlhfkit.rl.make_experience import Rollout, Timer
-
-    register_dataclasses(Rollout, Timer, RolloutSample, SamplingConfig)
 
 
 def save_pending(cfg: PPOConfig, step: int, rollouts: list[Collected]) -> None:

@@ -30,8 +30,7 @@ from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.parse import config_to_dict
 from rlhfkit.engine.safe_state import load_state, save_state
 from rlhfkit.errors import ConfigError
-from rlhfkit.rl.async_rollout import register_rollout_types
-from rlhfkit.rl.make_experience import Rollout
+from rlhfkit.rl.make_experience import Rollout, register_rollout_types
 
 log = logging.getLogger("rlhfkit")
 MANIFEST = "rollout_manifest.json"

@@ -135,9 +135,9 @@ def _metrics(out: Path) -> list[dict]:
 @pytest.mark.slow
 def test_a_replay_trains_exactly_as_the_dumped_run_without_engines(dumped_run, tiny_model_dir, echo_prompt_file,
                                                                     tmp_path, monkeypatch):
-    import rlhfkit.rl.setup as setup
     from safetensors.torch import load_file
 
+    import rlhfkit.rl.setup as setup
     from rlhfkit.rl.ppo_trainer import train_ppo
 
     original_out, original = dumped_run
