@@ -28,7 +28,24 @@ _SEED = "tests/config/test_seed_flags.py::"
 VISION_E2E = "tests/rl/test_ppo_vision.py::test_grpo_on_images_runs_stays_on_policy_and_keeps_the_frozen_tower"
 VISION_DATA = f"{_VISION}::test_image_prompts_load_and_a_bad_row_is_an_error_naming_the_file_row_and_key"
 
+_REPLAY = "tests/rl/test_rollout_replay.py::"
+REPLAY_RUN = f"{_REPLAY}test_a_replay_trains_exactly_as_the_dumped_run_without_engines"
+
 PPO_EFFECTS: dict[str, Effect] = {
+    "ppo:rollout_dump_dir": Tested(
+        (REPLAY_RUN, f"{_REPLAY}test_a_dumped_step_reads_back_field_for_field",
+         f"{_REPLAY}test_replay_refuses_other_settings_a_missing_step_and_a_crafted_file"),
+        "writes DIR/rollout_manifest.json and one safe step_<N>.pt per step holding the rollout (ids, engine "
+        "log-probs, rewards, metadata) field for field; a folder of other settings is refused"),
+    "ppo:rollout_replay_dir": Tested(
+        (REPLAY_RUN, f"{_REPLAY}test_replay_refuses_other_settings_a_missing_step_and_a_crafted_file",
+         f"{_REPLAY}test_a_replay_needs_no_reward"),
+        "trains with no engine created: every training metric and the saved weights equal the dumping run's bit for "
+        "bit (fp32); other settings, a missing step file and a crafted file are refused naming the file"),
+    "ppo:eval_only": Tested(
+        (f"{_REPLAY}test_eval_only_gives_the_runs_evaluation_and_trains_nothing",),
+        "one metrics row of eval/* equal to a training run's evaluation at step 0 (and, with --load_checkpoint, at "
+        "the checkpoint's step), no training metrics, no saved model, the checkpoint untouched"),
     "ppo:debug_dump_steps": Tested(
         (DR_GRPO, GROUP_NORM, DUMP_VALUES),
         "writes <run_dir>/debug/step_<N>.pt for exactly the steps asked for (2 of 2; 'all'), holding the experience "

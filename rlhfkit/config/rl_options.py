@@ -152,6 +152,16 @@ class RLAlgorithmOptions:
                                                    "per-token policy/value losses, entropy, IS weights, clip "
                                                    "fractions, grad norms before and after clipping, update size; "
                                                    "for checking a run by hand (docs/rl.md). Off by default")
+    rollout_dump_dir: str | None = opt(None, "write each step's rollouts (prompts, token ids, engine log-probs, "
+                                             "rewards, scores, sample metadata) to DIR/step_<N>.pt, with the "
+                                             "settings a replay must share in DIR/rollout_manifest.json "
+                                             "(docs/rl.md)")
+    rollout_replay_dir: str | None = opt(None, "train from the rollouts a --rollout_dump_dir run wrote to DIR "
+                                               "instead of generating: no rollout engines, no weight syncs, no "
+                                               "evaluation; refused when the dump's settings differ (docs/rl.md)")
+    eval_only: bool = opt(False, "load the model (and the checkpoint with --load_checkpoint), evaluate "
+                                 "--eval_dataset as the run's evaluation does (eval/* metrics, samples, report), "
+                                 "and exit without training or saving")
     enable_ema: bool = opt(False, "keep an exponential moving average of the actor's weights, ema = beta * ema + "
                                   "(1 - beta) * theta after every optimizer step (float32, starting from the "
                                   "initial weights, part of the resume checkpoint); the saved models (--save_path, "

@@ -33,8 +33,9 @@ from typing import Any
 import torch
 
 from rlhfkit.config.commands import PPOConfig
-from rlhfkit.engine.safe_state import load_state, register_dataclasses, save_state
+from rlhfkit.engine.safe_state import load_state, save_state
 from rlhfkit.rl.engine_faults import EngineFaults, engine_fault
+from rlhfkit.rl.make_experience import register_rollout_types
 from rlhfkit.rollout.partial import VERSIONS_KEY, generate_in_chunks
 from rlhfkit.rollout.types import RolloutSample, SamplingConfig
 
@@ -187,20 +188,13 @@ def pending_path(cfg: PPOConfig, step: int) -> Path:
     return Path(cfg.ckpt_path) / "driver" / f"pending_rollout_step{step}.pt"
 
 
-def _register_rollout_types() -> None:
-    """The dataclasses a pending rollout holds, allowed in the checkpoint's plain-data format (engine/safe_state)."""
-    from rlhfkit.rl.make_experience import Rollout, Timer
-
-    register_dataclasses(Rollout, Timer, RolloutSample, SamplingConfig)
-
-
 def save_pending(cfg: PPOConfig, step: int, rollouts: list[Collected]) -> None:
     """--async_train: the rollouts generated ahead are part of the run's state; saved beside the checkpoint of `step`
     (temporary file + rename), so a resumed run trains on exactly the rollouts the uninterrupted run would."""
     path = pending_path(cfg, step)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    _register_rollout_types()
+    register_rollout_types()
     save_state(list(rollouts), tmp)
     tmp.replace(path)
     kept = sorted(path.parent.glob("pending_rollout_step*.pt"), key=lambda p: int(p.stem.rsplit("step", 1)[1]))
@@ -210,7 +204,7 @@ def save_pending(cfg: PPOConfig, step: int, rollouts: list[Collected]) -> None:
 
 def load_pending(cfg: PPOConfig, step: int) -> list[Collected]:
     """The rollouts saved at `step` (a file of an older version holds one tuple: that one), or [] with a warning."""
-    _register_rollout_types()
+    register_rollout_types()
     path = pending_path(cfg, step)
     if not path.exists():
         log.warning("--async_train resume: no rollout generated ahead at step %d (%s); generating it now with the "

@@ -23,6 +23,7 @@ from rlhfkit.algorithms.offpolicy import logprob_mismatch
 from rlhfkit.algorithms.rewards import length_penalties
 from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.plan import kl_mode_of
+from rlhfkit.engine.safe_state import register_dataclasses
 from rlhfkit.rewards.base import failure_counts, failure_reasons
 from rlhfkit.rl.experience import Experience, build_experience
 from rlhfkit.rl.group import run_side_by_side
@@ -72,6 +73,12 @@ class Rollout:
     # row-aligned through dynamic filtering; and the counts per reason over every sample scored (filtered ones too)
     reward_failure: list[str] = field(default_factory=list)
     reward_failures: dict[str, int] = field(default_factory=dict)
+
+
+def register_rollout_types() -> None:
+    """The dataclasses a rollout holds, allowed in the plain-data format of engine/safe_state (the pending rollouts of
+    an --async_train checkpoint, and --rollout_dump_dir's step files)."""
+    register_dataclasses(Rollout, Timer, RolloutSample, SamplingConfig)
 
 
 def generate_and_score(engines: list[Any], prompts: list[dict[str, Any]], sampling: SamplingConfig,

@@ -3,6 +3,8 @@
     set-up: Ray -> tokenizer, prompts -> model groups (actor, ref, critic, reward) -> rollout engines -> rewards
     each step: generate + score (+ dynamic filtering) -> log-probs, KL, advantages -> train critic/actor
                -> sync weights to the engines -> log metrics and samples -> eval (-> best model) -> checkpoint
+    --rollout_dump_dir writes each step's rollout; --rollout_replay_dir reads it instead of generating (no engines,
+    no sync, no eval: rl/rollout_dump.py); --eval_only makes the evaluation alone (`evaluate_only`)
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from rlhfkit.rl.make_experience import (
     to_experience,
 )
 from rlhfkit.rl.placement import collect_whereabouts
+from rlhfkit.rl.rollout_dump import RolloutReplay
 from rlhfkit.rl.setup import RLSetup, build_setup, push_actor_weights, save_final
 from rlhfkit.rl.vision_batch import attach_pixels
 from rlhfkit.rollout.types import SamplingConfig
@@ -301,11 +304,31 @@ def keep_best(s: RLSetup, step: int, eval_metrics: dict[str, float]) -> None:
 
 
 def train_ppo(cfg: PPOConfig, engines: list[Any] | None = None) -> dict[str, float]:
-    s = build_setup(cfg, engines, best_tracker(cfg))
+    """The run (`rlhfkit ppo`): the training loop, or with --eval_only one evaluation. Returns the last metrics."""
+    s = build_setup(cfg, engines, None if cfg.eval_only else best_tracker(cfg))
     try:
-        return _loop(s)
+        return evaluate_only(s) if cfg.eval_only else _loop(s)
     finally:
         s.close()
+
+
+def evaluate_only(s: RLSetup) -> dict[str, float]:
+    """--eval_only: the evaluation the run makes at step 0 (or, with --load_checkpoint, at the checkpoint's step),
+    logged to metrics.jsonl and samples.jsonl at that step and printed; no training step, no checkpoint, no saved
+    model."""
+    run_dir = need(s.cfg.run_dir, "--run_dir")
+    print_derived_table("rlhfkit ppo --eval_only", {**s.summary, "run dir": run_dir, "evaluated step": s.start_step})
+    metrics_log = MetricsLogger(run_dir, s.cfg)
+    try:
+        evaluated = EngineFaults(s).guard("evaluation", partial(evaluate, s, s.start_step))
+        metrics_log.log(s.start_step, evaluated)
+    finally:
+        metrics_log.close()
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in evaluated.items())
+    print(f"evaluation (step {s.start_step}, {len(s.eval_prompts)} prompts): {shown}")
+    record_placement(run_dir, collect_whereabouts(s.groups, s.engines))
+    (Path(run_dir) / "config.json").write_text(json.dumps(config_to_dict(s.cfg), indent=2, default=str))
+    return evaluated
 
 
 def _loop(s: RLSetup) -> dict[str, float]:
@@ -313,6 +336,10 @@ def _loop(s: RLSetup) -> dict[str, float]:
     steps t+1 .. t+N (--async_queue_size) are generated while step t trains (`rl.async_rollout.RolloutQueue`)."""
     cfg = s.cfg
     run_dir = need(cfg.run_dir, "--run_dir")  # set by build_setup (prepare_run_dir)
+    replay = s.rollout_replay  # --rollout_replay_dir: no engines (no health check, sync or evaluation)
+    evaluating = bool(s.eval_prompts) and replay is None
+    if s.eval_prompts and replay is not None:
+        log.warning("--rollout_replay_dir: no rollout engines, so --eval_dataset is not evaluated")
     stream = PromptStream(s.prompts, cfg.seed, s.start_cursor)
     sampling = SamplingConfig.from_options(cfg, cfg.seed, stop_token_ids=s.stop_ids)
     print_derived_table("rlhfkit ppo", {**s.summary, "run dir": run_dir})
@@ -323,26 +350,32 @@ def _loop(s: RLSetup) -> dict[str, float]:
     gate = EngineGate(s.start_step)  # the engines' policy version; a partial rollout's chunk holds its lock
     generate = gate.chunked(cfg.partial_rollout_chunk_tokens) if cfg.async_train and cfg.partial_rollout else None
     collect = partial(_collect_versioned, s, stream, sampling, gate, generate)
-    if s.eval_prompts and s.start_step == 0:
+    if evaluating and s.start_step == 0:
         evaluated = faults.guard("evaluation", partial(evaluate, s, 0))
         metrics_log.log(0, evaluated)
         keep_best(s, 0, evaluated)
     queue = RolloutQueue(cfg, stream, gate, collect, s.total_steps, load_pending(cfg, s.start_step) if s.start_step
-                         else None, s.start_step + 1) if cfg.async_train else None
+                         else None, s.start_step + 1) if cfg.async_train and replay is None else None
     for step in range(s.start_step + 1, s.total_steps + 1):
         began = time.perf_counter()
         faults.step = step
-        with gate.lock:  # with --partial_rollout: between two chunks
-            _health_check(s, step, faults)
+        if replay is None:
+            with gate.lock:  # with --partial_rollout: between two chunks
+                _health_check(s, step, faults)
         ahead, waited = queue.take(step, faults) if queue is not None else (None, 0.0)
-        rollout, filter_metrics, timer = ahead or collect(faults)
+        if replay is not None:
+            rollout, filter_metrics, timer = _replayed(replay, step, stream)
+        else:
+            rollout, filter_metrics, timer = ahead or collect(faults)
+        if s.rollout_dump is not None:  # before the length penalties change the rewards in place
+            s.rollout_dump.write(step, rollout, filter_metrics, stream.cursor, timer.seconds)
         exp = to_experience(rollout, s.tokenizer.pad_token_id)
         if s.vision is not None:  # --image_key: the rows' pixel tensors
             attach_pixels(exp, rollout, s.vision)
         raw_rewards = filled(exp.rewards, "rewards")
         penalty_metrics = apply_length_penalties(rollout, exp, cfg)  # before the advantages
         metrics = {**filter_metrics, **rollout_metrics(rollout, exp), **penalty_metrics}
-        if queue is not None:
+        if cfg.async_train:  # a replay's samples carry the versions the original recorded
             metrics.update(staleness_metrics(rollout, exp, step, cfg.async_queue_size))
         kl_coef = kl_coefficient(s)
         metrics["train/kl_coef"] = kl_coef
@@ -361,13 +394,14 @@ def _loop(s: RLSetup) -> dict[str, float]:
             write_dump(run_dir, record)
         if queue is not None and queue.items:
             metrics["time/wait_rollout"] = waited + queue.before_sync(faults)
-        with gate.lock:  # with --partial_rollout the generation in flight pauses here, and resumes with the new weights
-            metrics.update(faults.guard("weight sync", partial(sync_engines, s, timer)))
-            gate.version = step
+        if replay is None:
+            with gate.lock:  # with --partial_rollout the generation in flight pauses here, and resumes with the new
+                metrics.update(faults.guard("weight sync", partial(sync_engines, s, timer)))  # weights
+                gate.version = step
         metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
         metrics.update(stage_utilisation(s, exp, timer))
         metrics["time/step"] = time.perf_counter() - began
-        if s.eval_prompts and ((cfg.eval_steps > 0 and step % cfg.eval_steps == 0) or step == s.total_steps):
+        if evaluating and ((cfg.eval_steps > 0 and step % cfg.eval_steps == 0) or step == s.total_steps):
             with gate.lock:
                 evaluated = faults.guard("evaluation", partial(evaluate, s, step))
             metrics.update(evaluated)
@@ -377,7 +411,8 @@ def _loop(s: RLSetup) -> dict[str, float]:
         metrics.update(faults.take_step_metrics())
         metrics_log.log(step, metrics)
         last = metrics
-        bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", gen_s=f"{timer.seconds['generation']:.1f}")
+        bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}",
+                        gen_s=f"{timer.seconds.get('generation', 0.0):.1f}")
         bar.update(1)
     if queue is not None:
         queue.close()
@@ -396,6 +431,17 @@ def _health_check(s: RLSetup, step: int, faults: EngineFaults) -> None:
     faults.health_check()
     if FAULT_HOOK is not None:
         FAULT_HOOK(s, step, "after health check")
+
+
+def _replayed(replay: RolloutReplay, step: int, stream: PromptStream) -> tuple[Rollout, dict, Timer]:
+    """--rollout_replay_dir: step `step`'s dumped rollout, the prompt stream moved to where the original's was
+    (checkpoints of the replay resume from the right prompt), and a Timer holding the read's seconds (replay_load)."""
+    began = time.perf_counter()
+    rollout, filter_metrics, cursor = replay.read(step)
+    stream.cursor = cursor
+    timer = Timer()
+    timer.add("replay_load", began)
+    return rollout, filter_metrics, timer
 
 
 def _checkpoint(s: RLSetup, step: int, stream: PromptStream, queue: RolloutQueue | None,

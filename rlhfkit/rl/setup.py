@@ -34,6 +34,7 @@ from rlhfkit.rl.group import ModelGroup
 from rlhfkit.rl.make_experience import PromptStream
 from rlhfkit.rl.placement import Placement, collect_whereabouts, plan_placement
 from rlhfkit.rl.reward_group import RolloutRewards, model_specs, text_sources
+from rlhfkit.rl.rollout_dump import RolloutDump, RolloutReplay
 from rlhfkit.rl.sync_check import SyncCheck
 from rlhfkit.rl.validate import validate_rl
 from rlhfkit.rl.vision_batch import VisionInputs, check_vision_model, image_column
@@ -74,6 +75,8 @@ class RLSetup:
     engine_factory: Any = None                                # (indices) -> new engines k (restarts; own engines)
     best: Any = None                                          # --best_metric_key: rlhfkit.engine.best.BestTracker
     vision: VisionInputs | None = None                        # --image_key: the processor (rl/vision_batch.py)
+    rollout_dump: RolloutDump | None = None                   # --rollout_dump_dir (rl/rollout_dump.py)
+    rollout_replay: RolloutReplay | None = None               # --rollout_replay_dir: no engines, rollouts read
 
     @property
     def groups(self) -> list[ModelGroup]:
@@ -150,8 +153,10 @@ def load_prompts(cfg: PPOConfig, tokenizer: Any, spec: str, split: str, probs: s
 
 
 def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: PPOConfig, total_updates: int, reward_specs: list[str],
-            placement: Placement, made: list[ModelGroup]):
+            placement: Placement, made: list[ModelGroup], critic_specs: list[str] | None = None):
     """Create and initialise the model groups (appending each to `made` as soon as it exists, for clean-up).
+    `reward_specs`: the reward models to load (none in a replay); `critic_specs`: the run's reward models, the first
+    of which initialises the critic without --critic_pretrain (default: `reward_specs`).
 
     On CPU every rank computes on the node's cores split among all model ranks per node (`cpu_threads_share`):
     the roles' forwards run side by side in the log-prob phase."""
@@ -173,7 +178,8 @@ def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: PPOConfig, total_updates: 
     critic = None
     if has_critic:
         critic = group("critic", "critic")
-        init = cfg.critic_pretrain or (reward_specs[0] if reward_specs else cfg.pretrain)
+        critic_specs = reward_specs if critic_specs is None else critic_specs
+        init = cfg.critic_pretrain or (critic_specs[0] if critic_specs else cfg.pretrain)
         pending.append((critic, ("init_model", init, True, total_updates, cfg.critic_learning_rate, True)))
     rewards = []
     for k, spec in enumerate(reward_specs):
@@ -288,11 +294,19 @@ def load_ptx(cfg: PPOConfig, tokenizer: Any) -> PromptStream | None:
 
 def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = None) -> RLSetup:
     """Everything a run needs. `engines`: already-running rollout engines to reuse (tests, notebooks); `best`: the
-    --best_metric_key tracker (restored on resume)."""
+    --best_metric_key tracker (restored on resume).
+
+    With --rollout_replay_dir the rollouts come from a dump: no engines are created (given ones are not used), no
+    reward model, reward function or agent environment is loaded (the dump holds the rewards), and there is no
+    weight-sync check (nothing to compare the trainer with: the rollout/* log-prob mismatch metrics compare it with
+    the dumped engine log-probs instead)."""
     validate_rl(cfg)
+    replay = bool(cfg.rollout_replay_dir)
+    if replay:
+        engines = []
     set_remote_call_timeout(cfg.remote_call_timeout)  # every remote call's deadline (rlhfkit.rollout.remote)
     preflight(cfg, engines)  # model context, host devices and RAM, the user's .py files: before Ray starts
-    agent = load_agent(cfg.agent_func_path, cfg.agent_action_max_len) if cfg.agent_func_path else None
+    agent = load_agent(cfg.agent_func_path, cfg.agent_action_max_len) if cfg.agent_func_path and not replay else None
     owns_ray = start_ray(cfg)
     has_gpus = cluster_has_gpus()
     plan = resolve_plan(cfg, has_gpus)  # the derived facts, the weight transport resolved against this cluster
@@ -302,6 +316,8 @@ def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = No
     run_dir = prepare_run_dir(cfg, True, plan.world("actor"), torchrun=False,  # the driver starts the ranks
                               extra=sandbox_manifest_entries(cfg))
     pretrain = cfg.pretrain = resolve_pretrain(need(cfg.pretrain, "--pretrain"))
+    rollout_replay = RolloutReplay(cfg) if replay else None  # the dump's settings checked before any model loads
+    rollout_dump = RolloutDump(cfg) if cfg.rollout_dump_dir else None
     tokenizer = _policy_tokenizer(cfg, pretrain)
     check_vision_model(cfg)
     vision = VisionInputs.load(pretrain) if cfg.image_key else None
@@ -311,23 +327,27 @@ def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = No
     ptx = load_ptx(cfg, tokenizer)
     total_steps, updates = _step_counts(cfg, len(prompts))
     worker_cfg = cfg  # the typed config itself: Ray pickles it to each rank (vllm_dtype etc. resolved above)
-    reward_specs = [resolve_pretrain(spec) for spec in model_specs(cfg)]
+    critic_specs = [resolve_pretrain(spec) for spec in model_specs(cfg)]
+    reward_specs = [] if replay else critic_specs  # a replay's rewards are in the dump
     _check_reward_tokenizers(tokenizer, reward_specs)
     _check_engine_colocation(cfg, plan, engines is None)
     placement = plan_placement(cfg, plan, reward_specs, engines is None)
     made: list[ModelGroup] = []
     owns_engines = engines is None
     try:
-        actor, ref, critic, reward_groups = _groups(cfg, plan, worker_cfg, updates, reward_specs, placement, made)
+        actor, ref, critic, reward_groups = _groups(cfg, plan, worker_cfg, updates, reward_specs, placement, made,
+                                                    critic_specs)
         if engines is None:
             engines = _engines(cfg, pretrain, placement)
-        resolve_run_lora_sync(cfg, engines)
-        if not owns_engines:  # reused engines start from this run's initial weights
-            push_actor_weights(actor, engines, cfg)
-        sync_check = SyncCheck.from_run(vision.probe_prompts(prompts) if vision else prompts, cfg)
-        sync_check.check(actor, engines, "start (engines loaded from --pretrain)" if owns_engines
-                         else "start (this run's weights pushed into the given engines)")
-        reward_fn = None if agent else build_rewards(cfg, tokenizer, reward_groups, reward_specs)
+        sync_check = None
+        if not replay:
+            resolve_run_lora_sync(cfg, engines)
+            if not owns_engines:  # reused engines start from this run's initial weights
+                push_actor_weights(actor, engines, cfg)
+            sync_check = SyncCheck.from_run(vision.probe_prompts(prompts) if vision else prompts, cfg)
+            sync_check.check(actor, engines, "start (engines loaded from --pretrain)" if owns_engines
+                             else "start (this run's weights pushed into the given engines)")
+        reward_fn = None if agent or replay else build_rewards(cfg, tokenizer, reward_groups, reward_specs)
     except BaseException:
         _abandon(made, placement.owned, engines if owns_engines else None)
         raise
@@ -339,6 +359,7 @@ def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = No
                 owns_ray=owns_ray, owns_engines=owns_engines, rewards=reward_groups, ptx=ptx,
                 placement_groups=placement.owned, agent=agent, flops=flops, sync_check=sync_check)
     s.plan, s.best, s.vision = plan, best, vision
+    s.rollout_dump, s.rollout_replay = rollout_dump, rollout_replay
     s.phases = Phases.from_config(cfg, engines, [actor, critic], has_gpus)
     if owns_engines:  # engines the run created can be restarted after a fault (--max_engine_restarts)
         s.engine_factory = partial(_engines, cfg, pretrain, placement)
@@ -396,7 +417,7 @@ def _summary(s: RLSetup, reward_specs: list[str], updates: int, precision: Preci
     summary = {"actor ranks": actor.world_size, "reference": ref.world_size if ref else "off (init_kl_coef 0)",
                "critic": critic.world_size if critic else "off",
                "reward models": ", ".join(f"{g.world_size} x {spec}" for spec, g in zip(reward_specs, s.rewards))
-               or "none", "reward": s.agent.name if s.agent else s.reward_fn.name, "placement": _layout(cfg),
+               or "none", "reward": _reward_name(s), "placement": _layout(cfg),
                "rollout engines": len(s.engines), "backend": cfg.rollout_backend,
                "weight sync": cfg.vllm_sync_backend, "prompts": len(s.prompts),
                "eval prompts": len(s.eval_prompts),
@@ -407,6 +428,12 @@ def _summary(s: RLSetup, reward_specs: list[str], updates: int, precision: Preci
     if s.ptx is not None:
         summary["ptx samples"] = len(s.ptx.samples)
     return summary
+
+
+def _reward_name(s: RLSetup) -> str:
+    if s.rollout_replay is not None:
+        return f"replayed from {s.cfg.rollout_replay_dir}"
+    return s.agent.name if s.agent else s.reward_fn.name
 
 
 def _threads_line(actor: ModelGroup, engines: list[Any]) -> str:
@@ -459,7 +486,8 @@ def _resume(s: RLSetup) -> None:
     notes = [f"actor {record_resume(s.cfg.run_dir, 'actor', states[0])}"]
     if s.critic is not None:
         notes.append(f"critic {record_resume(s.cfg.run_dir, 'critic', critic_states[0])}")
-    push_actor_weights(s.actor, s.engines, s.cfg)
+    if s.engines:  # none in a replay
+        push_actor_weights(s.actor, s.engines, s.cfg)
     log.info("resumed at step %d (prompt cursor %d; %s); engine weights synced", s.start_step, s.start_cursor,
              ", ".join(notes))
 

@@ -4,6 +4,7 @@ raise a ConfigError naming the flags and what to do; the doubtful ones log a war
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.optim_options import validate_optim
@@ -31,7 +32,8 @@ def validate_rl(cfg: PPOConfig) -> None:
     if cfg.agent_action_max_len is not None and (cfg.agent_action_max_len < 1 or not cfg.agent_func_path):
         raise ConfigError(f"--agent_action_max_len {cfg.agent_action_max_len}: must be >= 1 and goes with "
                           "--agent_func_path (it caps one turn of a multi-turn episode)")
-    if not (cfg.remote_rm_url or cfg.reward_pretrain or cfg.agent_func_path):
+    _validate_replay(cfg)
+    if not (cfg.remote_rm_url or cfg.reward_pretrain or cfg.agent_func_path or cfg.rollout_replay_dir):
         raise ConfigError("give a reward: --remote_rm_url (reward_func .py, builtin:NAME or http URL) "
                           "or --reward_pretrain")
     if cfg.lora_sync == "adapter":  # what the flags alone rule out fails before anything starts
@@ -85,6 +87,21 @@ def validate_rl(cfg: PPOConfig) -> None:
                     "the policy loss with truncated importance weights")
     dump_steps(cfg.debug_dump_steps)  # ConfigError on a bad value
     _validate_colocation(cfg, plan)
+
+
+def _validate_replay(cfg: PPOConfig) -> None:
+    """--rollout_dump_dir, --rollout_replay_dir and --eval_only (rl/rollout_dump.py, ppo_trainer.evaluate_only)."""
+    if cfg.rollout_replay_dir and cfg.rollout_dump_dir and \
+            Path(cfg.rollout_replay_dir).resolve() == Path(cfg.rollout_dump_dir).resolve():
+        raise ConfigError(f"--rollout_dump_dir and --rollout_replay_dir are both {cfg.rollout_replay_dir}: a replay "
+                          "reads that folder; drop --rollout_dump_dir (or dump to another folder)")
+    if cfg.eval_only and not cfg.eval_dataset:
+        raise ConfigError("--eval_only evaluates --eval_dataset: give it")
+    if cfg.eval_only and cfg.rollout_replay_dir:
+        raise ConfigError("--eval_only generates on the eval prompts, but --rollout_replay_dir starts no rollout "
+                          "engines: drop one of the two")
+    if cfg.eval_only and cfg.rollout_dump_dir:
+        raise ConfigError("--eval_only trains no step, so --rollout_dump_dir would write nothing: drop it")
 
 
 def _validate_async(cfg: PPOConfig) -> None:
