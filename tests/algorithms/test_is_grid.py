@@ -59,6 +59,7 @@ def reference(level, mode):
 @pytest.mark.parametrize("level", ["token", "seq", "geo"])
 @pytest.mark.parametrize("mode", ["mask", "clip", "trunc"])
 def test_every_cell_matches_the_float64_formula(level, mode):
+    """--is_correction_level LEVEL --is_correction_mode MODE: weights and truncated share of the formula."""
     old, rollout = batch()
     w, metrics = importance_weights(old, rollout, MASK, level=level, mode=mode, low=LOW, high=HIGH)
     want, outside = reference(level, mode)
@@ -83,6 +84,7 @@ def test_the_cells_differ_where_their_definitions_do():
 
 @pytest.mark.parametrize("preset", ["tis", "icepop", "seq-mask-tis"])
 def test_presets_equal_their_cells(preset):
+    """--vllm_is_correction_type PRESET gives what its cell (--is_correction_level, --is_correction_mode) gives."""
     old, rollout = batch()
     level, mode = IS_CORRECTION_PRESETS[preset]
     by_name = importance_weights(old, rollout, MASK, correction_type=preset, low=LOW, high=HIGH)
