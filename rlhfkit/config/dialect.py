@@ -122,9 +122,6 @@ PPO: dict[str, Target] = {
     "algo.advantage.is_correction_enable": "enable_vllm_is_correction",
     "algo.advantage.is_correction_threshold": "vllm_is_truncated_threshold",
     "algo.advantage.is_correction_type": "vllm_is_correction_type",
-    # Molt's names of the grid (NVIDIA-NeMo/labs-molt, molt/cli/train_rl_ray.py); OpenRLHF 0.11 has none
-    "algo.advantage.is_correction_level": "is_correction_level",
-    "algo.advantage.is_correction_mode": "is_correction_mode",
     "algo.advantage.estimator": "advantage_estimator", "algo.advantage.no_std_norm": "no_advantage_std_norm",
     "algo.advantage.lambd": "lambd", "algo.advantage.gamma": "gamma",
     "algo.kl.target": "kl_target", "algo.kl.horizon": "kl_horizon", "algo.kl.init_coef": "init_kl_coef",

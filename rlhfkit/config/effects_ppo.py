@@ -55,6 +55,12 @@ PPO_EFFECTS: dict[str, Effect] = {
         "seq: every token's weight is its row's min(prod_t exp(old - rollout), high) in a real run; each of token, "
         "seq, geo gives the float64 formula's weights with each mode; refused without --is_correction_mode, "
         "without --enable_vllm_is_correction, with gspo or beside another --vllm_is_correction_type"),
+    "ppo:algo.advantage.is_correction_level": Tested(
+        (GRID_CHECKED,), "an alias (Molt's name): --algo.advantage.is_correction_level geo sets --is_correction_level "
+                         "geo"),
+    "ppo:algo.advantage.is_correction_mode": Tested(
+        (GRID_CHECKED,), "an alias (Molt's name): --algo.advantage.is_correction_mode clip sets --is_correction_mode "
+                         "clip"),
     "ppo:is_correction_mode": Tested(
         (CISPO, GRID_CHECKED, "tests/algorithms/test_is_grid.py::test_every_cell_matches_the_float64_formula",
          "tests/algorithms/test_is_grid.py::test_presets_equal_their_cells"),

@@ -131,13 +131,17 @@ class RLAlgorithmOptions:
     is_correction_level: str | None = opt(None, "with --enable_vllm_is_correction and --is_correction_mode: the unit "
                                                 "whose weight is bounded: token (w_t = pi_train / pi_rollout), seq "
                                                 "(a sequence's product of w_t), geo (their geometric mean); overrides "
-                                                "--vllm_is_correction_type (docs/algorithms.md)",
-                                          choices=["token", "seq", "geo"])
+                                                "--vllm_is_correction_type (docs/algorithms.md; alias: Molt's "
+                                                "--algo.advantage.is_correction_level)",
+                                          choices=["token", "seq", "geo"],
+                                          aliases=["--algo.advantage.is_correction_level"])
     is_correction_mode: str | None = opt(None, "with --is_correction_level: what a unit weight u outside "
                                                "--vllm_is_truncated_threshold (low high) gets: trunc: min(u, high); "
                                                "clip: clamp(u, low, high); mask: the unit is dropped (weight 0), a "
-                                               "kept unit's tokens carry clamp(w_t, low, high)",
-                                         choices=["mask", "clip", "trunc"])
+                                               "kept unit's tokens carry clamp(w_t, low, high) (alias: Molt's "
+                                               "--algo.advantage.is_correction_mode)",
+                                         choices=["mask", "clip", "trunc"],
+                                         aliases=["--algo.advantage.is_correction_mode"])
     use_dynamic_batch: bool = opt(False, "training micro-batches by token budget instead of row count")
     train_max_tokens_per_gpu: int = opt(16192, "token budget per micro-batch with --use_dynamic_batch")
     rollout_max_tokens_per_gpu: int | None = opt(None, "token budget per forward micro-batch of the log-prob, value "

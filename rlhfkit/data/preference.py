@@ -57,7 +57,8 @@ def build_preference_samples(dataset: Iterable[Mapping[str, Any]], tokenizer: An
         stats["identical_pairs"] += sides["chosen"][0] == sides["rejected"][0]
         fitted = {side: fit_to_length(ids, mask, max_len) for side, (ids, mask) in sides.items()}
         status = _pair_status([f[0] for f in fitted.values()])
-        if status == TRUNCATED and fitted["chosen"][1:] == fitted["rejected"][1:] and sides["chosen"] != sides["rejected"]:
+        collapsed = fitted["chosen"][1:] == fitted["rejected"][1:] and sides["chosen"] != sides["rejected"]
+        if status == TRUNCATED and collapsed:
             stats["collapsed_pairs"] += 1
             status = DROPPED
         count(stats, status)

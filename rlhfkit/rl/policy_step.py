@@ -39,8 +39,9 @@ def policy_loss(cfg: RLAlgorithmOptions, mb: dict[str, torch.Tensor], log_probs:
             - entropy_loss_coef * sum(entropy x mask) / num_tokens
             + aux_coef * aux / aux_share (the MoE router loss: `aux_share` = micro-batches x ranks).
     --enable_vllm_is_correction: per-token importance weights of the trainer over the engine log-probs (a cell of
-    --is_correction_level x --is_correction_mode, or the --vllm_is_correction_type preset), or for gspo the ratio taken against the engine's log-probs. Adds kl_loss, aux_loss and the
-    importance-weight metrics to `sums` (token-weighted)."""
+    --is_correction_level x --is_correction_mode, or the --vllm_is_correction_type preset), or for gspo the ratio
+    taken against the engine's log-probs. Adds kl_loss, aux_loss and the importance-weight metrics to `sums`
+    (token-weighted)."""
     mask = mb["action_mask"]
     gspo = cfg.policy_loss_type == "gspo"
     weights = None

@@ -1,8 +1,9 @@
 """The recent algorithm options act in a real tiny `rlhfkit ppo` run (same pattern as test_algorithm_options_act.py):
---policy_loss_type gspo and cispo, --is_correction_level / --is_correction_mode, --vllm_is_correction_type seq-mask-tis, --kl_target / --kl_horizon, --use_unbiased_kl,
---overlong_buffer_len / --overlong_penalty_factor and --stop_properly_penalty_coef. The tensors `--debug_dump_steps`
-writes are checked against float64 references written from the formulas of docs/algorithms.md (not by calling
-rlhfkit.algorithms); --gamma with a group estimator is refused."""
+--policy_loss_type gspo and cispo, --is_correction_level / --is_correction_mode, --vllm_is_correction_type
+seq-mask-tis, --kl_target / --kl_horizon, --use_unbiased_kl, --overlong_buffer_len / --overlong_penalty_factor and
+--stop_properly_penalty_coef. The tensors `--debug_dump_steps` writes are checked against float64 references
+written from the formulas of docs/algorithms.md (not by calling rlhfkit.algorithms); --gamma with a group estimator
+is refused."""
 
 from __future__ import annotations
 
