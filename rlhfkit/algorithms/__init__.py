@@ -19,7 +19,15 @@ from .normalize import (
     masked_var,
     masked_whiten,
 )
-from .offpolicy import IS_CORRECTION_TYPES, importance_weights, logprob_mismatch
+from .offpolicy import (
+    IS_CORRECTION_LEVELS,
+    IS_CORRECTION_MODES,
+    IS_CORRECTION_PRESETS,
+    IS_CORRECTION_TYPES,
+    importance_weights,
+    is_correction_cell,
+    logprob_mismatch,
+)
 from .policy_loss import POLICY_LOSS_TYPES, clip_bounds, ppo_policy_loss
 from .preference import (
     dpo_loss,
@@ -46,6 +54,9 @@ from .value_loss import value_loss
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "IS_CORRECTION_LEVELS",
+    "IS_CORRECTION_MODES",
+    "IS_CORRECTION_PRESETS",
     "IS_CORRECTION_TYPES",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
@@ -65,6 +76,7 @@ __all__ = [
     "group_mean_baseline",
     "group_normalize",
     "importance_weights",
+    "is_correction_cell",
     "kl_loss",
     "kto_loss",
     "kto_reference_kl",

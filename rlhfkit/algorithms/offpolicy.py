@@ -1,5 +1,6 @@
 """Off-policy correction between the rollout engine's log-probs (vLLM) and the trainer's
-(``--enable_vllm_is_correction``, ``--vllm_is_correction_type tis|icepop|seq-mask-tis``,
+(``--enable_vllm_is_correction``; the grid ``--is_correction_level token|seq|geo`` x
+``--is_correction_mode mask|clip|trunc``, or its named points ``--vllm_is_correction_type tis|icepop|seq-mask-tis``;
 ``--vllm_is_truncated_threshold``)."""
 
 from __future__ import annotations
@@ -8,9 +9,32 @@ import torch
 import torch.distributed as dist
 
 from .kl import log_ratio
-from .normalize import as_bool_mask, masked_mean
+from .normalize import as_bool_mask, masked_mean, masked_sum
 
-IS_CORRECTION_TYPES = ("tis", "icepop", "seq-mask-tis")
+IS_CORRECTION_LEVELS = ("token", "seq", "geo")
+IS_CORRECTION_MODES = ("mask", "clip", "trunc")
+# the named corrections OpenRLHF has, as cells (level, mode) of the grid
+IS_CORRECTION_PRESETS: dict[str, tuple[str, str]] = {
+    "tis": ("token", "clip"), "icepop": ("token", "mask"), "seq-mask-tis": ("geo", "mask"),
+}
+IS_CORRECTION_TYPES = tuple(IS_CORRECTION_PRESETS)
+
+
+def is_correction_cell(correction_type: str | None = None, level: str | None = None,
+                       mode: str | None = None) -> tuple[str, str]:
+    """The grid cell ``(level, mode)``: ``(level, mode)`` when both are given, else the preset ``correction_type``."""
+    if (level is None) != (mode is None):
+        raise ValueError("--is_correction_level and --is_correction_mode go together: give both (or neither, and "
+                         "--vllm_is_correction_type names the cell)")
+    if level is None or mode is None:
+        if correction_type not in IS_CORRECTION_PRESETS:
+            raise ValueError(f"--vllm_is_correction_type must be one of {IS_CORRECTION_TYPES}, got {correction_type!r}")
+        return IS_CORRECTION_PRESETS[correction_type]
+    if level not in IS_CORRECTION_LEVELS:
+        raise ValueError(f"--is_correction_level must be one of {IS_CORRECTION_LEVELS}, got {level!r}")
+    if mode not in IS_CORRECTION_MODES:
+        raise ValueError(f"--is_correction_mode must be one of {IS_CORRECTION_MODES}, got {mode!r}")
+    return level, mode
 
 
 def importance_weights(
@@ -18,43 +42,60 @@ def importance_weights(
     rollout_log_probs: torch.Tensor,
     action_mask: torch.Tensor | None,
     *,
-    correction_type: str = "tis",
+    correction_type: str | None = "tis",
+    level: str | None = None,
+    mode: str | None = None,
     low: float = 0.5,
     high: float = 5.0,
     log_ratio_clip: float = 20.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token importance weights (detached, 0 at masked positions) that multiply the per-token policy loss.
 
-    ``w = exp(clamp(log pi_train_old - log pi_rollout, -20, 20))``;
-    ``tis`` (truncated IS): ``w' = clamp(w, low, high)``; ``icepop``: ``w' = w * 1[low <= w <= high]``;
-    ``seq-mask-tis`` (sequence-level mask, OpenRLHF's rule): the geometric-mean weight of row i,
-    ``W_i = exp(mean_{t in y_i} log w_t)``, decides for the whole sequence, ``w'_t = w_t * 1[low <= W_i <= high]``
-    (the token weights themselves are not clamped, as in OpenRLHF's code).
-    ``(low, high)`` is ``--vllm_is_truncated_threshold`` (default ``(0.5, 5.0)``).
-    Metrics: ``is_weight_mean`` (of ``w'``) and ``is_truncated_frac`` (share of tokens with ``w`` outside the range;
-    for ``seq-mask-tis``, share of tokens in sequences with ``W_i`` outside it).
+    Token weight ``w_t = exp(l_t)``, ``l_t = clamp(log pi_train_old - log pi_rollout, -20, 20)``. The *unit* weight
+    ``u`` by level: ``token``: ``u_t = w_t``; ``seq`` (the sequence's IS weight, the product of its token weights):
+    ``u_i = exp(clamp(sum_{t in y_i} l_t, -20, 20))``; ``geo`` (its geometric mean): ``u_i = exp(mean_{t in y_i} l_t)``.
+    Then by mode, with ``(low, high)`` = ``--vllm_is_truncated_threshold`` (default ``(0.5, 5.0)``):
+
+    - ``trunc`` (truncated IS): ``w'_t = min(u, high)`` (``low`` unused);
+    - ``clip``: ``w'_t = clamp(u, low, high)``;
+    - ``mask``: the unit is dropped when ``u`` is outside ``[low, high]``, a kept unit's tokens carry their own
+      weight clamped into the range: ``w'_t = clamp(w_t, low, high) 1[low <= u <= high]`` (at token level the clamp
+      is a no-op: a kept token's ``w_t`` is in the range).
+
+    ``u_i`` is broadcast over the tokens of row i. The named corrections are cells (``IS_CORRECTION_PRESETS``):
+    ``tis`` = token x clip, ``icepop`` = token x mask, ``seq-mask-tis`` = geo x mask. ``(level, mode)`` given
+    together override ``correction_type``.
+    Metrics: ``is_weight_mean`` (of ``w'``) and ``is_truncated_frac`` (share of valid tokens whose unit weight is
+    outside ``[low, high]``; for ``trunc``, above ``high``).
     """
-    if correction_type not in IS_CORRECTION_TYPES:
-        raise ValueError(f"--vllm_is_correction_type must be one of {IS_CORRECTION_TYPES}, got {correction_type!r}")
+    level, mode = is_correction_cell(correction_type, level, mode)
     if not 0 <= low <= high:
         raise ValueError(f"--vllm_is_truncated_threshold must be (low, high) with 0 <= low <= high, got {low}, {high}")
     m = as_bool_mask(action_mask, old_log_probs)
     with torch.no_grad():
         lw = log_ratio(old_log_probs.detach(), rollout_log_probs.detach(), log_ratio_clip)
+        lw = torch.where(m, lw, torch.zeros_like(lw))  # padding may hold anything
         w = lw.exp()
-        inside = (w >= low) & (w <= high)
-        if correction_type == "tis":
-            weights = w.clamp(low, high)
-        elif correction_type == "seq-mask-tis":
-            seq_w = masked_mean(torch.where(m, lw, torch.zeros_like(lw)), m, dim=-1).exp().unsqueeze(-1)
-            inside = ((seq_w >= low) & (seq_w <= high)).expand_as(w)
-            weights = torch.where(inside, w, torch.zeros_like(w))
+        if level == "token":
+            unit = w
+        elif level == "seq":
+            unit = masked_sum(lw, m, dim=-1).clamp(-log_ratio_clip, log_ratio_clip).exp().unsqueeze(-1).expand_as(w)
         else:
-            weights = torch.where(inside, w, torch.zeros_like(w))
+            unit = masked_mean(lw, m, dim=-1).exp().unsqueeze(-1).expand_as(w)
+        inside = (unit >= low) & (unit <= high)
+        if mode == "trunc":
+            weights = unit.clamp(max=high)
+            outside = unit > high
+        elif mode == "clip":
+            weights = unit.clamp(low, high)
+            outside = ~inside
+        else:
+            weights = torch.where(inside, w.clamp(low, high), torch.zeros_like(w))
+            outside = ~inside
         weights = torch.where(m, weights, torch.zeros_like(weights))
         metrics = {
             "is_weight_mean": masked_mean(weights, m),
-            "is_truncated_frac": masked_mean((~inside).to(w.dtype), m),
+            "is_truncated_frac": masked_mean(outside.to(w.dtype), m),
         }
     return weights, metrics
 

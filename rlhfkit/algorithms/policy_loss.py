@@ -1,6 +1,7 @@
 """The PPO clipped surrogate policy loss with asymmetric and dual clipping (``--eps_clip``,
 ``--eps_clip_low_high``, ``--dual_clip``), optionally weighted by off-policy importance weights, with a per-token
-(``--policy_loss_type ppo``) or per-sequence (``gspo``) importance ratio."""
+(``--policy_loss_type ppo``) or per-sequence (``gspo``) importance ratio, and CISPO's clipped-weight REINFORCE
+(``cispo``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from .kl import log_ratio
 from .normalize import aggregate_loss, as_bool_mask, masked_mean
 
-POLICY_LOSS_TYPES = ("ppo", "gspo")
+POLICY_LOSS_TYPES = ("ppo", "gspo", "cispo")
 
 
 def clip_bounds(eps_clip: float = 0.2, eps_clip_low_high: tuple[float, float] | None = None) -> tuple[float, float]:
@@ -51,6 +52,13 @@ def ppo_policy_loss(
     whole sequences. With ``loss_agg_mode="seq_mean"`` and a per-sequence advantage this is exactly the gradient of
     the sequence-level objective ``-min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)``.
 
+    ``policy_loss_type="cispo"`` (CISPO, MiniMax-M1, arXiv 2506.13585, ``--policy_loss_type cispo``): REINFORCE
+    weighted by the clipped, stop-gradient importance ratio, ``l = -sg[clip(rho, 1 - eps_low, 1 + eps_high)] A
+    log pi`` (no min, no dual clip): every token keeps the gradient ``-clip(rho) A grad log pi``, a token whose
+    ratio left the range is down-weighted, never switched off. ``(eps_low, eps_high)`` are the PPO clip flags, as
+    in verl (the paper sets no lower bound: ``--eps_clip_low_high 1 eps_high``). ``clip_frac`` is the share of
+    tokens whose ratio is outside the range.
+
     Returns ``(loss, metrics)``; metrics (detached scalars over valid tokens): ``clip_frac`` (share of tokens
     where the clipped term is active, ``s2 < s1``), ``dual_clip_frac``, ``approx_kl`` (``mean(log pi_old - log pi)``),
     ``ratio_mean``, ``ratio_max``, ``ratio_min``.
@@ -62,6 +70,8 @@ def ppo_policy_loss(
         raise ValueError(f"--policy_loss_type must be one of {POLICY_LOSS_TYPES}, got {policy_loss_type!r}")
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"--dual_clip must be > 1, got {dual_clip}")
+    if dual_clip is not None and policy_loss_type == "cispo":
+        raise ValueError("--dual_clip bounds PPO's min(rho A, clip(rho) A); cispo has no such min: drop --dual_clip")
     m = as_bool_mask(action_mask, log_probs)
     lr = log_ratio(log_probs, old_log_probs.detach(), log_ratio_clip)
     adv = advantages.detach().to(lr.dtype)
@@ -76,7 +86,13 @@ def ppo_policy_loss(
     clipped = torch.min(surr1, surr2)
     objective = clipped
     dual_active = torch.zeros_like(m)
-    if dual_clip is not None:
+    clip_active = surr2 < surr1
+    if policy_loss_type == "cispo":
+        zero = torch.zeros((), dtype=lr.dtype, device=lr.device)
+        lp = torch.where(m, log_probs.to(lr.dtype), zero)  # padding may hold -inf
+        objective = ratio.detach().clamp(1.0 - low, 1.0 + high) * adv * lp
+        clip_active = (ratio < 1.0 - low) | (ratio > 1.0 + high)
+    elif dual_clip is not None:
         dual_active = (adv < 0) & (dual_clip * adv > clipped)
         objective = torch.where(dual_active, dual_clip * adv, clipped)
     loss = -objective
@@ -88,7 +104,7 @@ def ppo_policy_loss(
     total = aggregate_loss(loss, m, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
     with torch.no_grad():
         metrics = {
-            "clip_frac": masked_mean((surr2 < surr1).to(lr.dtype), m),
+            "clip_frac": masked_mean(clip_active.to(lr.dtype), m),
             "dual_clip_frac": masked_mean(dual_active.to(lr.dtype), m),
             "approx_kl": masked_mean(-lr, m),
             **ratio_stats(ratio, m),

@@ -19,6 +19,8 @@ DR_GRPO = f"{_FILE}::test_dr_grpo_async_with_icepop_dumps_only_the_steps_asked_f
 DUMP_VALUES = f"{_FILE}::test_debug_dump_steps_values"
 _RECENT = "tests/rl/test_recent_algorithms_act.py"
 GSPO = f"{_RECENT}::test_gspo_sequence_ratio_and_loss"
+CISPO = f"{_RECENT}::test_cispo_with_a_sequence_level_truncated_is_correction"
+GRID_CHECKED = f"{_RECENT}::test_grid_and_cispo_flags_are_checked"
 PENALTIES = f"{_RECENT}::test_length_penalties_seq_mask_tis_adaptive_and_unbiased_kl"
 GAMMA_REFUSED = f"{_RECENT}::test_gamma_is_refused_for_group_estimators"
 REFUSED = f"{_RECENT}::test_refused_values_of_the_recent_flags"
@@ -59,9 +61,28 @@ PPO_EFFECTS: dict[str, Effect] = {
         "gamma 0.9 in GAE and 0.7 in REINFORCE returns: the recomputed returns match and differ from gamma 1; "
         "gamma != 1 with group_norm / rloo / reinforce_baseline / dr_grpo is refused (ConfigError)"),
     "ppo:policy_loss_type": Tested(
-        (GSPO, f"{_UNIT}::test_gspo_value_per_token_loss_and_gradient"),
+        (GSPO, f"{_UNIT}::test_gspo_value_per_token_loss_and_gradient", CISPO,
+         "tests/algorithms/test_cispo.py::test_cispo_value_and_gradient_match_the_formula_with_the_clip_active"),
         "gspo: the logged ratio is exp(mean_t(log pi - log pi_old)) on every token of a row, the per-token loss the "
-        "sequence-clipped surrogate and the loss its per-sequence mean; gradients match the GSPO formula"),
+        "sequence-clipped surrogate and the loss its per-sequence mean; gradients match the GSPO formula; cispo: "
+        "the per-token loss is -w clip(rho, 1 - eps, 1 + eps) A log pi (not PPO's loss on the same tensors), its "
+        "gradient -clip(rho) A with the clip active; --dual_clip refused"),
+    "ppo:is_correction_level": Tested(
+        (CISPO, GRID_CHECKED, "tests/algorithms/test_is_grid.py::test_every_cell_matches_the_float64_formula"),
+        "seq: every token's weight is its row's min(prod_t exp(old - rollout), high) in a real run; each of token, "
+        "seq, geo gives the float64 formula's weights with each mode; refused without --is_correction_mode, "
+        "without --enable_vllm_is_correction, with gspo or beside another --vllm_is_correction_type"),
+    "ppo:algo.advantage.is_correction_level": Tested(
+        (GRID_CHECKED,), "an alias (Molt's name): --algo.advantage.is_correction_level geo sets --is_correction_level "
+                         "geo"),
+    "ppo:algo.advantage.is_correction_mode": Tested(
+        (GRID_CHECKED,), "an alias (Molt's name): --algo.advantage.is_correction_mode clip sets --is_correction_mode "
+                         "clip"),
+    "ppo:is_correction_mode": Tested(
+        (CISPO, GRID_CHECKED, "tests/algorithms/test_is_grid.py::test_every_cell_matches_the_float64_formula",
+         "tests/algorithms/test_is_grid.py::test_presets_equal_their_cells"),
+        "trunc caps the row weights at high and leaves those below it (both seen in a real run); mask and clip give "
+        "the formula's weights in every level; the presets tis / icepop / seq-mask-tis equal their cells"),
     "ppo:kl_target": Tested(
         (PENALTIES, REFUSED, f"{_RECENT}::test_the_adaptive_kl_coefficient_is_checkpointed_and_resumed",
          f"{_UNIT}::test_adaptive_kl_controller_follows_ziegler_update"),
@@ -130,7 +151,8 @@ PPO_EFFECTS: dict[str, Effect] = {
         (GROUP_NORM, DR_GRPO, PENALTIES),
         "tis clamps exp(old - rollout) into the range; icepop zeroes the weights outside it (some kept, some "
         "dropped on an --async_train step); seq-mask-tis zeroes whole rows whose geometric-mean weight is outside "
-        "it (some rows kept, some dropped, tokens icepop would drop kept)"),
+        "it and clamps the token weights of the rows it keeps (some rows kept, some dropped, tokens icepop would "
+        "drop kept)"),
     "ppo:vllm_is_truncated_threshold": Tested(
         (GROUP_NORM, DR_GRPO), "1.5 5.0 raises every tis weight to >= 1.5; 0.8 1.25 is the icepop window"),
     "ppo:normalize_reward": Tested(

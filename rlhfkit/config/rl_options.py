@@ -96,7 +96,11 @@ class RLAlgorithmOptions:
     policy_loss_type: str = opt("ppo", "ppo: one importance ratio per token; gspo (GSPO): one per sequence, "
                                        "exp(mean over its tokens of log pi - log pi_old), clipped as a whole and "
                                        "the loss averaged per sequence (the paper clips at 3e-4 / 4e-4: set "
-                                       "--eps_clip_low_high; OpenRLHF keeps --eps_clip)", choices=["ppo", "gspo"])
+                                       "--eps_clip_low_high; OpenRLHF keeps --eps_clip); cispo (CISPO, MiniMax-M1): "
+                                       "-sg[clip(ratio, 1 - eps_low, 1 + eps_high)] x A x log pi, token mean, the "
+                                       "range from --eps_clip / --eps_clip_low_high (as verl; the paper has no lower "
+                                       "bound: --eps_clip_low_high 1 EPS_HIGH); not with --dual_clip",
+                                choices=["ppo", "gspo", "cispo"])
     eps_clip: float = opt(0.2, "PPO clip range")
     eps_clip_low_high: list[float] | None = opt(None, "asymmetric clip (low high), overrides --eps_clip")
     dual_clip: float | None = opt(None, "dual-clip constant c > 1")
@@ -122,7 +126,22 @@ class RLAlgorithmOptions:
     vllm_is_truncated_threshold: list[float] = opt([0.5, 5.0], "IS weight range (low high)")
     vllm_is_correction_type: str = opt("tis", "tis: clamp each token's weight; icepop: zero the tokens outside "
                                               "the range; seq-mask-tis: zero whole sequences whose geometric-mean "
-                                              "weight is outside it", choices=["tis", "icepop", "seq-mask-tis"])
+                                              "weight is outside it (each a cell of the grid below: token x clip, "
+                                              "token x mask, geo x mask)", choices=["tis", "icepop", "seq-mask-tis"])
+    is_correction_level: str | None = opt(None, "with --enable_vllm_is_correction and --is_correction_mode: the unit "
+                                                "whose weight is bounded: token (w_t = pi_train / pi_rollout), seq "
+                                                "(a sequence's product of w_t), geo (their geometric mean); overrides "
+                                                "--vllm_is_correction_type (docs/algorithms.md; alias: Molt's "
+                                                "--algo.advantage.is_correction_level)",
+                                          choices=["token", "seq", "geo"],
+                                          aliases=["--algo.advantage.is_correction_level"])
+    is_correction_mode: str | None = opt(None, "with --is_correction_level: what a unit weight u outside "
+                                               "--vllm_is_truncated_threshold (low high) gets: trunc: min(u, high); "
+                                               "clip: clamp(u, low, high); mask: the unit is dropped (weight 0), a "
+                                               "kept unit's tokens carry clamp(w_t, low, high) (alias: Molt's "
+                                               "--algo.advantage.is_correction_mode)",
+                                         choices=["mask", "clip", "trunc"],
+                                         aliases=["--algo.advantage.is_correction_mode"])
     use_dynamic_batch: bool = opt(False, "training micro-batches by token budget instead of row count")
     train_max_tokens_per_gpu: int = opt(16192, "token budget per micro-batch with --use_dynamic_batch")
     rollout_max_tokens_per_gpu: int | None = opt(None, "token budget per forward micro-batch of the log-prob, value "

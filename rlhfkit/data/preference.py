@@ -12,7 +12,10 @@ Formats (OpenRLHF's convention):
 * no prompt key, plain text: chosen / rejected are whole texts and the prompt is empty (every token is scored).
 
 Over-long rule: as for SFT, applied to both sides; a pair is truncated when either side is, dropped when its prompt
-leaves no room for a response token. ``stats`` also counts ``identical_pairs`` (chosen == rejected), which are kept.
+leaves no room for a response token. ``stats`` also counts ``identical_pairs`` (chosen == rejected in the data),
+which are kept, and ``collapsed_pairs``: pairs that differ in the data but whose sides are the same tokens after the
+cut to ``max_len`` (the difference lay past it); they carry no preference signal (the pair loss is constant, its
+gradient 0) and are dropped, counted and reported (OpenRLHF #1313).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ def build_preference_samples(dataset: Iterable[Mapping[str, Any]], tokenizer: An
                              max_len: int) -> tuple[list[dict], dict[str, int]]:
     """Tokenise preference rows into pairs; returns ``(samples, stats)`` (see the module docstring)."""
     encoder = Encoder(tokenizer)
-    samples, stats = [], new_stats("identical_pairs")
+    samples, stats = [], new_stats("identical_pairs", "collapsed_pairs")
     for row in dataset:
         sides = {}
         for side, key in (("chosen", chosen_key), ("rejected", rejected_key)):
@@ -54,6 +57,10 @@ def build_preference_samples(dataset: Iterable[Mapping[str, Any]], tokenizer: An
         stats["identical_pairs"] += sides["chosen"][0] == sides["rejected"][0]
         fitted = {side: fit_to_length(ids, mask, max_len) for side, (ids, mask) in sides.items()}
         status = _pair_status([f[0] for f in fitted.values()])
+        collapsed = fitted["chosen"][1:] == fitted["rejected"][1:] and sides["chosen"] != sides["rejected"]
+        if status == TRUNCATED and collapsed:
+            stats["collapsed_pairs"] += 1
+            status = DROPPED
         count(stats, status)
         if status != DROPPED:
             samples.append({"chosen_ids": fitted["chosen"][1], "chosen_loss_mask": fitted["chosen"][2],
@@ -101,6 +108,10 @@ def _log(stats: dict[str, int], max_len: int) -> None:
     if stats["truncated"] or stats["dropped"]:
         logger.warning("preference data: %d of %d pairs truncated and %d dropped (longer than --max_len %d)",
                        stats["truncated"], stats["total"], stats["dropped"], max_len)
+    if stats["collapsed_pairs"]:
+        logger.warning("preference data: %d pairs dropped because chosen and rejected are the same tokens after the "
+                       "cut to --max_len %d (they differ only past it); raise --max_len to keep them",
+                       stats["collapsed_pairs"], max_len)
     if stats["identical_pairs"]:
         logger.warning("preference data: %d pairs have chosen == rejected (kept; they carry no preference signal)",
                        stats["identical_pairs"])

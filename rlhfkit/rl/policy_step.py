@@ -38,9 +38,10 @@ def policy_loss(cfg: RLAlgorithmOptions, mb: dict[str, torch.Tensor], log_probs:
             + kl_coef * kl_loss(log_probs, ref_log_probs) (with --use_kl_loss)
             - entropy_loss_coef * sum(entropy x mask) / num_tokens
             + aux_coef * aux / aux_share (the MoE router loss: `aux_share` = micro-batches x ranks).
-    --enable_vllm_is_correction: per-token importance weights of the trainer over the engine log-probs (tis /
-    icepop), or for gspo the ratio taken against the engine's log-probs. Adds kl_loss, aux_loss and the
-    importance-weight metrics to `sums` (token-weighted)."""
+    --enable_vllm_is_correction: per-token importance weights of the trainer over the engine log-probs (a cell of
+    --is_correction_level x --is_correction_mode, or the --vllm_is_correction_type preset), or for gspo the ratio
+    taken against the engine's log-probs. Adds kl_loss, aux_loss and the importance-weight metrics to `sums`
+    (token-weighted)."""
     mask = mb["action_mask"]
     gspo = cfg.policy_loss_type == "gspo"
     weights = None
@@ -50,7 +51,9 @@ def policy_loss(cfg: RLAlgorithmOptions, mb: dict[str, torch.Tensor], log_probs:
     elif cfg.enable_vllm_is_correction:
         low, high = cfg.vllm_is_truncated_threshold
         weights, is_metrics = importance_weights(old, mb["rollout_log_probs"], mask,
-                                                 correction_type=cfg.vllm_is_correction_type, low=low, high=high)
+                                                 correction_type=cfg.vllm_is_correction_type,
+                                                 level=cfg.is_correction_level, mode=cfg.is_correction_mode,
+                                                 low=low, high=high)
         accumulate(sums, is_metrics, mask)
     token_out: dict[str, torch.Tensor] | None = {} if with_tokens else None
     agg: dict[str, Any] = {"loss_agg_mode": "seq_mean", "num_seqs": num_seqs} if gspo else {"num_tokens": num_tokens}

@@ -125,7 +125,12 @@ def _validate_async(cfg: PPOConfig) -> None:
 
 
 def _validate_algorithm_flags(cfg: PPOConfig) -> None:
-    """--kl_target / --kl_horizon, --use_unbiased_kl, --reward_clip_range and the length penalties."""
+    """--kl_target / --kl_horizon, --use_unbiased_kl, --reward_clip_range, the length penalties, --policy_loss_type
+    cispo and the IS-correction grid."""
+    if cfg.policy_loss_type == "cispo" and cfg.dual_clip is not None:
+        raise ConfigError(f"--dual_clip {cfg.dual_clip} bounds PPO's min(ratio x A, clip(ratio) x A); "
+                          "--policy_loss_type cispo has no such min: drop --dual_clip")
+    _validate_is_correction(cfg)
     if cfg.kl_target is not None:
         if cfg.kl_target <= 0 or cfg.kl_horizon <= 0:
             raise ConfigError(f"--kl_target {cfg.kl_target} and --kl_horizon {cfg.kl_horizon} must be > 0")
@@ -172,3 +177,27 @@ def _validate_colocation(cfg: PPOConfig, plan: RLPlan) -> None:
             raise ConfigError(f"{flag}: the {a} has {plan.world(a)} ranks ({a}_num_nodes x {a}_num_gpus_per_node) "
                               f"but the {b} {plan.world(b)}; colocated roles share bundles rank for rank: set "
                               f"--{b}_num_nodes {plan.nodes(a)} --{b}_num_gpus_per_node {plan.ranks_per_node(a)}")
+
+
+def _validate_is_correction(cfg: PPOConfig) -> None:
+    """--is_correction_level and --is_correction_mode: both or neither, with --enable_vllm_is_correction, not with
+    gspo (whose IS correction is its ratio against the engine's log-probs), not beside a named
+    --vllm_is_correction_type other than the default."""
+    level, mode = cfg.is_correction_level, cfg.is_correction_mode
+    if level is None and mode is None:
+        return
+    if level is None or mode is None:
+        given, missing = ("--is_correction_level", "--is_correction_mode") if mode is None else \
+            ("--is_correction_mode", "--is_correction_level")
+        raise ConfigError(f"{given} without {missing}: the grid cell needs both (token|seq|geo x mask|clip|trunc)")
+    if not cfg.enable_vllm_is_correction:
+        raise ConfigError(f"--is_correction_level {level} --is_correction_mode {mode} choose how the rollout/trainer "
+                          "mismatch is corrected, but the correction is off: add --enable_vllm_is_correction")
+    if cfg.policy_loss_type == "gspo":
+        raise ConfigError("--is_correction_level/--is_correction_mode with --policy_loss_type gspo: GSPO's IS "
+                          "correction is its sequence ratio taken against the engine's log-probs (no token "
+                          "weights, as in OpenRLHF); drop the grid flags")
+    if cfg.vllm_is_correction_type != "tis":
+        raise ConfigError(f"--vllm_is_correction_type {cfg.vllm_is_correction_type} and --is_correction_level "
+                          f"{level} --is_correction_mode {mode} both name the correction: give one (the preset is "
+                          "the cell docs/algorithms.md lists)")

@@ -55,7 +55,7 @@ def _gspo_seq_objective(lp, old, adv, mask, low, high):
 
 
 def test_gspo_value_per_token_loss_and_gradient():
-    assert POLICY_LOSS_TYPES == ("ppo", "gspo")
+    assert POLICY_LOSS_TYPES == ("ppo", "gspo", "cispo")
     lp, old, adv, mask = _batch()
     low, high = 0.03, 0.04
     x = lp.clone().requires_grad_(True)
@@ -117,6 +117,21 @@ def test_gspo_clips_whole_sequences_and_differs_from_ppo():
         ppo_policy_loss(lp, old, adv, mask, policy_loss_type="gpso")
 
 
+def test_gspo_sequence_exponent_is_bounded_so_loss_and_gradient_stay_finite():
+    """OpenRLHF #1293: its GSPO branch exponentiated an unclamped mean log-ratio, so a sequence with a large one gave
+    ratio inf and NaN gradients for the whole batch. rlhfkit's sequence log-ratio is the mean of token log-ratios
+    clamped to +-20 (and clamped again): s = e^20 at most, loss and gradient finite, the clipped row has gradient 0."""
+    lp = torch.tensor([[0.0, 0.0], [-1.0, -1.0]], dtype=D, requires_grad=True)
+    old = torch.tensor([[-1e4, -1e4], [-1.0, -1.0]], dtype=D)
+    adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]], dtype=D)
+    loss, metrics = ppo_policy_loss(lp, old, adv, None, policy_loss_type="gspo", loss_agg_mode="seq_mean")
+    loss.backward()
+    assert math.isfinite(float(loss.detach())) and torch.isfinite(lp.grad).all()
+    assert float(metrics["ratio_max"]) == pytest.approx(math.exp(20.0), rel=1e-12)
+    assert lp.grad[0].tolist() == [0.0, 0.0]  # A > 0 and s > 1 + eps: the clipped branch, no gradient
+    assert float(loss.detach()) == pytest.approx((-1.2 + 1.0) / 2, rel=1e-12)  # rows: -1.2 x 1, -(1 x -1)
+
+
 # ---------------------------------------------------------------------------------------------------- seq-mask-tis
 def test_seq_mask_tis_masks_whole_sequences_by_their_geometric_mean():
     old = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], dtype=D)
@@ -131,10 +146,10 @@ def test_seq_mask_tis_masks_whole_sequences_by_their_geometric_mean():
         lw = [float(old[i, t] - rollout[i, t]) for t in range(4) if mask[i, t]]
         geo = math.exp(sum(lw) / len(lw))
         for t in range(4):
-            if mask[i, t] and low <= geo <= high:
-                want[i, t] = math.exp(float(old[i, t] - rollout[i, t]))
+            if mask[i, t] and low <= geo <= high:  # a kept row's token weights clamped (OpenRLHF #1298)
+                want[i, t] = min(max(math.exp(float(old[i, t] - rollout[i, t])), low), high)
     torch.testing.assert_close(w, want)
-    assert float(w[0, 0]) > high  # token weights are not clamped (OpenRLHF's rule)
+    assert float(w[0, 0]) == high  # e^0.5 = 1.65 > high: clamped
     assert (w[1] == 0).all() and (w[2] > 0).all()
     assert float(metrics["is_truncated_frac"]) == pytest.approx(4 / 11)
     icepop, _ = importance_weights(old, rollout, mask, correction_type="icepop", low=low, high=high)

@@ -29,7 +29,7 @@ def test_prompt_key_with_chat_template(tokenizer, load_rows, spans):
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Say hi"}], tokenize=False,
                                            add_generation_prompt=True)
     _check_pair(tokenizer, spans, sample, "Hi!<|im_end|>", "No.<|im_end|>", prompt)
-    assert stats == {"total": 1, "kept": 1, "truncated": 0, "dropped": 0, "identical_pairs": 0}
+    assert stats == {"total": 1, "kept": 1, "truncated": 0, "dropped": 0, "identical_pairs": 0, "collapsed_pairs": 0}
 
 
 def test_full_conversations_without_prompt_key(tokenizer, load_rows, spans):
@@ -66,9 +66,24 @@ def test_over_long_pairs(tokenizer, load_rows):
     rows = load_rows([{"prompt": "p", "chosen": " cat" * 50, "rejected": "short"},
                       {"prompt": " cat" * 50, "chosen": "a", "rejected": "b"}])
     samples, stats = pairs(rows, tokenizer, apply_chat_template=False, max_len=20)
-    assert stats == {"total": 2, "kept": 1, "truncated": 1, "dropped": 1, "identical_pairs": 0}
+    assert stats == {"total": 2, "kept": 1, "truncated": 1, "dropped": 1, "identical_pairs": 0, "collapsed_pairs": 0}
     assert len(samples[0]["chosen_ids"]) == 20 and len(samples[0]["chosen_loss_mask"]) == 20
     assert samples[0]["rejected_ids"][-1] == tokenizer.eos_token_id  # the short side is not cut
+
+
+def test_pairs_identical_after_the_cut_are_dropped_counted_and_reported(tokenizer, load_rows, caplog):
+    """OpenRLHF #1313 (issue #1311), ported: chosen and rejected that differ only past --max_len become the same
+    tokens after the cut, a pair with no preference signal; it is dropped, counted as collapsed_pairs and logged.
+    A pair whose difference survives the cut is kept."""
+    shared = " cat" * 30
+    rows = load_rows([{"prompt": "p", "chosen": shared + " good", "rejected": shared + " bad"},
+                      {"prompt": "p", "chosen": " dog" + shared, "rejected": " cow" + shared}])
+    with caplog.at_level("WARNING"):
+        samples, stats = pairs(rows, tokenizer, apply_chat_template=False, max_len=20)
+    assert stats == {"total": 2, "kept": 1, "truncated": 1, "dropped": 1, "identical_pairs": 0, "collapsed_pairs": 1}
+    assert len(samples) == 1 and samples[0]["chosen_ids"] != samples[0]["rejected_ids"]
+    assert "1 pairs dropped because chosen and rejected are the same tokens after the cut to --max_len 20" in \
+        caplog.text
 
 
 def test_conversations_with_different_prompts_are_an_error(tokenizer, load_rows):

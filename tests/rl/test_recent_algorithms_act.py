@@ -1,8 +1,9 @@
 """The recent algorithm options act in a real tiny `rlhfkit ppo` run (same pattern as test_algorithm_options_act.py):
---policy_loss_type gspo, --vllm_is_correction_type seq-mask-tis, --kl_target / --kl_horizon, --use_unbiased_kl,
---overlong_buffer_len / --overlong_penalty_factor and --stop_properly_penalty_coef. The tensors `--debug_dump_steps`
-writes are checked against float64 references written from the formulas of docs/algorithms.md (not by calling
-rlhfkit.algorithms); --gamma with a group estimator is refused."""
+--policy_loss_type gspo and cispo, --is_correction_level / --is_correction_mode, --vllm_is_correction_type
+seq-mask-tis, --kl_target / --kl_horizon, --use_unbiased_kl, --overlong_buffer_len / --overlong_penalty_factor and
+--stop_properly_penalty_coef. The tensors `--debug_dump_steps` writes are checked against float64 references
+written from the formulas of docs/algorithms.md (not by calling rlhfkit.algorithms); --gamma with a group estimator
+is refused."""
 
 from __future__ import annotations
 
@@ -53,6 +54,38 @@ def test_gspo_sequence_ratio_and_loss(tiny_model_dir, echo_prompt_file, rollout_
 
 
 @pytest.mark.slow
+def test_cispo_with_a_sequence_level_truncated_is_correction(tiny_model_dir, echo_prompt_file, rollout_vllm_engine,
+                                                             tmp_path):
+    """--policy_loss_type cispo --eps_clip 0.05 with --enable_vllm_is_correction --is_correction_level seq
+    --is_correction_mode trunc --vllm_is_truncated_threshold 0.5 1.0: the IS weight of every token is
+    min(prod_t exp(old - rollout), 1) of its row, the per-token loss is -w clip(rho, 0.95, 1.05) A log pi, the loss
+    backward got is its token mean, and it is not PPO's loss on the same tensors (the default loss differs)."""
+    run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, **ONE_STEP, advantage_estimator="group_norm",
+        policy_loss_type="cispo", eps_clip=0.05, enable_vllm_is_correction=True, is_correction_level="seq",
+        is_correction_mode="trunc", vllm_is_truncated_threshold=[0.5, 1.0])
+    dump = load_dump(tmp_path)
+    capped = below = clipped = ppo_differs = 0
+    for entry, mb in micro_batches(dump):
+        m = mb["action_mask"].bool()
+        zero = torch.zeros((), dtype=torch.float64)
+        lw = torch.where(m, f64(mb["old_log_probs"]) - f64(mb["rollout_log_probs"]), zero)
+        u = torch.exp(lw.sum(-1)).unsqueeze(-1).expand(m.shape)
+        w = u.clamp(max=1.0)
+        close(mb["is_weights"], w, m, atol=1e-6)
+        capped += int((u[:, 0] > 1.0).sum())
+        below += int((u[:, 0] < 1.0 - 1e-6).sum())
+        lp, adv = f64(mb["log_probs"]), f64(mb["advantages"])
+        rho = torch.exp(lp - f64(mb["old_log_probs"]))
+        want = -w * rho.clamp(0.95, 1.05) * adv * torch.where(m, lp, zero)
+        close(mb["policy_loss"], want, m, atol=1e-5)
+        assert float(mb["loss"]) == pytest.approx(float((want * m).sum() / entry["num_tokens"]), rel=1e-5, abs=1e-7)
+        clipped += int((((rho < 0.95) | (rho > 1.05)) & m).sum())
+        ppo = -w * torch.minimum(rho * adv, rho.clamp(0.95, 1.05) * adv)
+        ppo_differs += int(differs(ppo, want, m, by=1e-3))
+    assert capped > 0 and below > 0 and clipped > 0 and ppo_differs > 0, (capped, below, clipped, ppo_differs)
+
+
+@pytest.mark.slow
 def test_length_penalties_seq_mask_tis_adaptive_and_unbiased_kl(tiny_model_dir, echo_prompt_file,
                                                                rollout_vllm_engine, tmp_path):
     """Two steps of rloo with --overlong_buffer_len 6 --overlong_penalty_factor 0.5 --stop_properly_penalty_coef
@@ -78,13 +111,14 @@ def test_length_penalties_seq_mask_tis_adaptive_and_unbiased_kl(tiny_model_dir, 
     adv = torch.tensor(group_ref("rloo", f64(exp["rewards"]).tolist(), 8)).unsqueeze(1).expand(mask.shape)
     close(exp["advantages"], adv, mask, atol=1e-6)  # the advantages are built from the penalised rewards
 
-    # seq-mask-tis: w_t = exp(old - rollout), kept where the row's geometric mean is in [1.0, 5.0], else 0.
+    # seq-mask-tis: w_t = clamp(exp(old - rollout), 1.0, 5.0), kept where the row's geometric mean is in [1.0, 5.0],
+    # else 0 (the clamp of a kept row's token weights is OpenRLHF #1298).
     kept = dropped = icepop_differs = 0
     for entry, mb in micro_batches(dump):
         m = mb["action_mask"].bool()
         lw = torch.where(m, f64(mb["old_log_probs"]) - f64(mb["rollout_log_probs"]), torch.zeros(()).double())
         seq = torch.exp(lw.sum(-1) / m.sum(-1)).unsqueeze(-1)
-        w = torch.where((seq >= 1.0) & (seq <= 5.0), lw.exp(), torch.zeros_like(lw))
+        w = torch.where((seq >= 1.0) & (seq <= 5.0), lw.exp().clamp(1.0, 5.0), torch.zeros_like(lw))
         close(mb["is_weights"], w, m, atol=1e-6)
         kept += int(((seq[:, 0] >= 1.0)).sum())
         dropped += int(((seq[:, 0] < 1.0)).sum())
@@ -176,3 +210,28 @@ def test_the_adaptive_kl_coefficient_is_checkpointed_and_resumed(monkeypatch):
     _resume(fresh)
     assert fresh.start_step == 3 and fresh.kl_ctl.value == ctl.value
     assert type(kl_controller(_cfg())).__name__ == "FixedKLController"
+
+
+def test_grid_and_cispo_flags_are_checked():
+    """--is_correction_level and --is_correction_mode come together, need --enable_vllm_is_correction, not with gspo
+    or beside another named --vllm_is_correction_type; cispo refuses --dual_clip; Molt's dotted names reach them."""
+    on = {"enable_vllm_is_correction": True}
+    cases = [({"is_correction_level": "seq", **on}, "--is_correction_level without --is_correction_mode"),
+             ({"is_correction_mode": "clip", **on}, "--is_correction_mode without --is_correction_level"),
+             ({"is_correction_level": "geo", "is_correction_mode": "trunc"}, "add --enable_vllm_is_correction"),
+             ({"is_correction_level": "geo", "is_correction_mode": "mask", "policy_loss_type": "gspo", **on},
+              "--policy_loss_type gspo"),
+             ({"is_correction_level": "token", "is_correction_mode": "mask", "vllm_is_correction_type": "icepop",
+               **on}, "--vllm_is_correction_type icepop and --is_correction_level token"),
+             ({"policy_loss_type": "cispo", "dual_clip": 3.0}, "--dual_clip 3.0")]
+    for flags, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            validate_rl(_cfg(**flags))
+    cfg = _cfg(is_correction_level="seq", is_correction_mode="trunc", policy_loss_type="cispo", **on)
+    validate_rl(cfg)
+    assert (cfg.is_correction_level, cfg.is_correction_mode, cfg.policy_loss_type) == ("seq", "trunc", "cispo")
+    dotted = parse_config("ppo", None, ["--actor.model_name_or_path", "m", "--data.prompt_dataset", "p",
+                                        "--algo.advantage.is_correction_level", "geo",
+                                        "--algo.advantage.is_correction_mode", "clip"])
+    assert (dotted.is_correction_level, dotted.is_correction_mode) == ("geo", "clip")
+    assert _cfg().is_correction_level is None and _cfg().is_correction_mode is None
