@@ -17,7 +17,9 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from rlhfkit.rollout.remote import call_all
+import ray
+
+from rlhfkit.rollout.remote import LIVENESS_GROUP, call_all, engine_actor_class
 from rlhfkit.rollout.types import FinishReason, NamedTensors, RolloutSample, SamplingConfig
 
 if TYPE_CHECKING:
@@ -125,8 +127,11 @@ class VLLMEngine:
         """True once the engine is built (lets callers wait on actor start)."""
         return True
 
+    @ray.method(concurrency_group=LIVENESS_GROUP)
     def ping(self) -> bool:
-        """The health check before each step (`rlhfkit.rollout.remote.ping_engines`): answers at once when alive."""
+        """The liveness probe: the health check before each step and the probes while a call runs
+        (`rlhfkit.rollout.remote`). Served in its own concurrency group (`LIVENESS_GROUP`, a thread beside the one
+        running generate, weight loads...): answers at once while the engine is alive, however busy."""
         return True
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
@@ -353,7 +358,7 @@ def create_vllm_engines(
         from rlhfkit.engine.precision import resolve_precision
 
         dtype = ENGINE_DTYPES[resolve_precision("auto", "cuda" if has_gpus else "cpu", touch_device=False).dtype]
-    engine_cls = ray.remote(VLLMEngine)
+    engine_cls = engine_actor_class(VLLMEngine)  # ping served beside a running call
     engines = []
     for k in range(num_engines) if indices is None else indices:
         options = _actor_options(k, has_gpus, tensor_parallel_size, num_cpus_per_engine, placement_group,
@@ -377,7 +382,8 @@ def create_vllm_engines(
                 max_lora_rank=max_lora_rank,
             )
         )
-    call_all(engines, "ready", role="engine", ranks=list(range(num_engines)) if indices is None else list(indices))
+    call_all(engines, "ready", role="engine", ranks=list(range(num_engines)) if indices is None else list(indices),
+             hang_timeout_s=0)  # no probes: an actor answers nothing, ping included, until its __init__ returns
     return engines
 
 
