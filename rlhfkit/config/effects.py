@@ -176,8 +176,8 @@ EFFECTS: dict[str, Effect] = {
                               _DEADLINES + "test_hung_then_dead_trainer_rank_is_named",
                               _FAULTS + "test_killed_then_hung_engine_is_restarted_synced_and_the_run_finishes"),
     "engine_hang_timeout": _t("a stopped engine's call raises RemoteActorHung naming it within the hang timeout (2 s "
-                              "here; 0: the plain deadline instead); a generation several times the timeout (1 s, "
-                              "0.5 s) on a live engine finishes, probed all along, with no restart",
+                              "here; 0: the plain deadline instead); a generation several times the timeout (0.5 s) "
+                              "on a live engine finishes, probed all along, with no restart",
                               _HANGS + "test_stopped_engine_is_named_hung_within_the_hang_timeout_and_0_turns_the_"
                               "probe_off",
                               _HANGS + "test_long_generation_on_a_live_engine_outlasts_the_hang_timeout",
