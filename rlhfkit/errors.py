@@ -63,6 +63,11 @@ class RemoteCallTimeout(RemoteCallError):
     """A remote call passed its deadline (--remote_call_timeout, or a health check's shorter one)."""
 
 
+class RemoteActorHung(RemoteCallTimeout):
+    """A callee stopped answering its liveness probe (its `ping`, served on a thread of its own) while a call ran
+    (--engine_hang_timeout): its process is stopped, frozen, or holds the interpreter; the call is abandoned."""
+
+
 class RemoteActorDied(RemoteCallError):
     """The actor a remote call went to died (killed, crashed, or its node lost) before it answered."""
 

@@ -20,6 +20,7 @@ from rlhfkit.config.effect_types import (
     _DEADLINES,
     _EMA,
     _FAULTS,
+    _HANGS,
     _OLD_LP,
     _OPT,
     _PPO,
@@ -177,6 +178,13 @@ EFFECTS: dict[str, Effect] = {
                               _DEADLINES + "test_hung_then_dead_engine_is_named_within_the_deadline",
                               _DEADLINES + "test_hung_then_dead_trainer_rank_is_named",
                               _FAULTS + "test_killed_then_hung_engine_is_restarted_synced_and_the_run_finishes"),
+    "engine_hang_timeout": _t("a stopped engine's call raises RemoteActorHung naming it within the hang timeout (2 s "
+                              "here; 0: the plain deadline instead); a generation several times the timeout (0.5 s) "
+                              "on a live engine finishes, probed all along, with no restart",
+                              _HANGS + "test_stopped_engine_is_named_hung_within_the_hang_timeout_and_0_turns_the_"
+                              "probe_off",
+                              _HANGS + "test_long_generation_on_a_live_engine_outlasts_the_hang_timeout",
+                              _HANGS + "test_long_generation_in_a_run_is_not_interrupted_by_a_short_hang_timeout"),
     "max_engine_restarts": _t("a killed and a hung engine are restarted, synced and counted (fault/engine_restarts "
                               "1, then 2; one events.jsonl line each) and the run finishes",
                               _FAULTS + "test_killed_then_hung_engine_is_restarted_synced_and_the_run_finishes"),

@@ -42,6 +42,12 @@ class PlacementOptions:
     max_engine_restarts: int = opt(3, "a rollout engine that dies or hangs is restarted (same options), given the "
                                       "actor's current weights, and the run goes on, at most this many times per "
                                       "run (0: stop at the first engine fault); only for engines the run created")
+    engine_hang_timeout: float = opt(60.0, "seconds a rollout engine may leave its liveness probe unanswered while "
+                                           "a call (generation, weight sync, scoring) runs before it is declared "
+                                           "hung and handled like a dead one (restarted, or the run stops naming "
+                                           "it). The probe runs on a thread of its own, so a long but live "
+                                           "generation is never interrupted; a stopped or frozen engine is found "
+                                           "within this + 5 s. 0: no probes (--remote_call_timeout alone)")
 
 
 @dataclass

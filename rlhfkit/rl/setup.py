@@ -39,7 +39,7 @@ from rlhfkit.rl.sync_check import SyncCheck
 from rlhfkit.rl.validate import validate_rl
 from rlhfkit.rl.vision_batch import VisionInputs, check_vision_model, image_column
 from rlhfkit.rl.weight_push import push_actor_weights
-from rlhfkit.rollout.remote import call_all, set_remote_call_timeout, wait_remote
+from rlhfkit.rollout.remote import call_all, set_engine_hang_timeout, set_remote_call_timeout, wait_remote
 
 log = logging.getLogger("rlhfkit")
 InitCall = tuple[ModelGroup, tuple[Any, ...]]  # (group, (method, *args)): one group's model initialisation
@@ -305,6 +305,7 @@ def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = No
     if replay:
         engines = []
     set_remote_call_timeout(cfg.remote_call_timeout)  # every remote call's deadline (rlhfkit.rollout.remote)
+    set_engine_hang_timeout(cfg.engine_hang_timeout)  # engines probed while a call runs (rlhfkit.rollout.remote)
     preflight(cfg, engines)  # model context, host devices and RAM, the user's .py files: before Ray starts
     agent = load_agent(cfg.agent_func_path, cfg.agent_action_max_len) if cfg.agent_func_path and not replay else None
     owns_ray = start_ray(cfg)

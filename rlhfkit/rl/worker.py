@@ -444,8 +444,10 @@ class ModelWorker:
     def join_weight_group(self, engines: list[Any], backend: str) -> bool:
         """Rank 0 builds the broadcast weight group with `engines` (Ray actor handles), once: a call with the same
         engines and backend reuses it. Other ranks do nothing. Returns whether a group was built."""
+        from rlhfkit.rollout.remote import set_engine_hang_timeout
         from rlhfkit.rollout.weight_broadcast import WeightBroadcaster
 
+        set_engine_hang_timeout(self.cfg.engine_hang_timeout)  # this rank's waits on the engines probe them too
         sender = self.weight_sender
         if self.dist.rank != 0 or (sender is not None and sender.group is not None
                                    and sender.engines == list(engines) and sender.backend == backend):

@@ -12,9 +12,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import ray
 import torch
 
-from rlhfkit.rollout.remote import call_all
+from rlhfkit.rollout.remote import LIVENESS_GROUP, call_all, engine_actor_class
 from rlhfkit.rollout.types import FinishReason, NamedTensors, RolloutSample, SamplingConfig
 from rlhfkit.rollout.weight_broadcast import WeightGroupSlot
 
@@ -52,8 +53,11 @@ class HFEngine:
         """True once the model is loaded (lets callers wait on actor start)."""
         return True
 
+    @ray.method(concurrency_group=LIVENESS_GROUP)
     def ping(self) -> bool:
-        """The health check before each step (`rlhfkit.rollout.remote.ping_engines`): answers at once when alive."""
+        """The liveness probe: the health check before each step and the probes while a call runs
+        (`rlhfkit.rollout.remote`). Served in its own concurrency group (`LIVENESS_GROUP`, a thread beside the one
+        running generate, weight loads...): answers at once while the engine is alive, however busy."""
         return True
 
     @torch.no_grad()
@@ -201,7 +205,7 @@ def create_hf_engines(
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     num_gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
-    engine_cls = ray.remote(HFEngine)
+    engine_cls = engine_actor_class(HFEngine)  # ping served beside a running call
     engines = []
     for k in range(num_engines) if indices is None else indices:
         options: dict[str, Any] = {"num_cpus": num_cpus_per_engine, "num_gpus": num_gpus}
@@ -213,5 +217,6 @@ def create_hf_engines(
         log_path = os.path.join(log_dir, f"engine{k}.log") if log_dir else None
         engines.append(engine_cls.options(**options).remote(pretrain_path, dtype=dtype, cpu_threads_share=num_engines,
                                                             log_path=log_path))
-    call_all(engines, "ready", role="engine", ranks=list(range(num_engines)) if indices is None else list(indices))
+    call_all(engines, "ready", role="engine", ranks=list(range(num_engines)) if indices is None else list(indices),
+             hang_timeout_s=0)  # no probes: an actor answers nothing, ping included, until its __init__ returns
     return engines

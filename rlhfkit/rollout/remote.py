@@ -8,6 +8,15 @@ method, and say how long they waited. An exception raised by the callee's own co
 The deadline is `--remote_call_timeout` (seconds, default 1800): the driver sets it once for its process
 (`set_remote_call_timeout`), and passes it to the actor rank that drives the weight broadcast. Engines also get a
 cheap health check before each step (`ping_engines`, a shorter deadline: `HEALTH_CHECK_TIMEOUT_S`).
+
+Hangs inside a call: the deadline must be long (a live generation can take minutes), so while an engine call runs,
+`wait_remote` also probes each engine still working: its `ping`, every few seconds (`PROBE_INTERVAL_MAX_S`). The
+engine classes serve `ping` in a concurrency group of its own (`@ray.method(concurrency_group=LIVENESS_GROUP)`,
+declared by `engine_actor_class`: one thread beside the one running the call), so a live engine answers at once
+however long its generation; a stopped or frozen process answers nothing. A probe unanswered for
+`--engine_hang_timeout` seconds (default 60; 0: no probes) raises `RemoteActorHung` naming the engine, which the
+run handles as a dead engine (`rlhfkit.rl.engine_faults`). The driver sets the timeout for its process
+(`set_engine_hang_timeout`), and so does the actor rank that drives the weight broadcast.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rlhfkit.errors import RemoteActorDied, RemoteCallError, RemoteCallTimeout
+from rlhfkit.errors import RemoteActorDied, RemoteActorHung, RemoteCallError, RemoteCallTimeout
 
 DEFAULT_REMOTE_CALL_TIMEOUT_S = 1800.0
 # An error a collective raises when one of its peers is gone (gloo, NCCL, the store): the peer is the culprit
@@ -24,7 +33,12 @@ PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pi
              "NCCL communicator was aborted", "ncclRemoteError", "Socket Timeout")
 PEER_GRACE_S = 60.0  # how long to wait for Ray to report that peer dead (a lost node: its health checks)
 HEALTH_CHECK_TIMEOUT_S = 30.0
+DEFAULT_ENGINE_HANG_TIMEOUT_S = 60.0
+PROBE_INTERVAL_MAX_S = 5.0  # a busy engine is probed this often at most (a quarter of the hang timeout if shorter)
+LIVENESS_GROUP = "liveness"  # the engines' concurrency group serving `ping` (see ENGINE_CONCURRENCY_GROUPS)
+ENGINE_CONCURRENCY_GROUPS = {LIVENESS_GROUP: 1}  # what engine_actor_class declares
 _timeout_s = DEFAULT_REMOTE_CALL_TIMEOUT_S
+_hang_timeout_s = DEFAULT_ENGINE_HANG_TIMEOUT_S
 
 
 def set_remote_call_timeout(seconds: float) -> None:
@@ -37,6 +51,27 @@ def set_remote_call_timeout(seconds: float) -> None:
 
 def remote_call_timeout() -> float:
     return _timeout_s
+
+
+def engine_actor_class(cls: type) -> Any:
+    """`ray.remote(cls)` for an engine class: declares the concurrency group its `ping` is served in
+    (`LIVENESS_GROUP`), so the probe is answered beside a running call. Ray refuses to create an actor of a class
+    whose method names an undeclared group."""
+    import ray
+
+    return ray.remote(concurrency_groups=ENGINE_CONCURRENCY_GROUPS)(cls)  # type: ignore[call-overload]  # not in stubs
+
+
+def set_engine_hang_timeout(seconds: float) -> None:
+    """This process's liveness-probe timeout for engine calls (`--engine_hang_timeout`; 0: no probes)."""
+    global _hang_timeout_s
+    if not seconds >= 0:
+        raise ValueError(f"--engine_hang_timeout {seconds}: must be >= 0 (seconds; 0 turns the probes off)")
+    _hang_timeout_s = float(seconds)
+
+
+def engine_hang_timeout() -> float:
+    return _hang_timeout_s
 
 
 def actor_node(handle: Any) -> str:
@@ -59,11 +94,14 @@ def _who(role: str, ranks: Sequence[int], handles: Sequence[Any]) -> str:
 
 def wait_remote(refs: Sequence[Any], *, role: str, method: str, handles: Sequence[Any],
                 ranks: Sequence[int] | None = None, timeout_s: float | None = None,
-                started: float | None = None) -> list[Any]:
+                started: float | None = None, hang_timeout_s: float | None = None) -> list[Any]:
     """`ray.get(refs)` with a deadline; `refs[i]` is `method` called on actor `handles[i]` (rank `ranks[i]`, default
     `i`) of `role`. Raises `RemoteActorDied` as soon as any callee is found dead, `RemoteCallTimeout` naming every
     callee still pending at the deadline; an error of the callee's own code is raised as Ray raises it.
-    `started` (`time.monotonic()`): when the wait began, if before this call (the deadline counts from then)."""
+    `started` (`time.monotonic()`): when the wait began, if before this call (the deadline counts from then).
+    Engines (`role` "engine") still working are probed meanwhile (`LivenessProbes`): one whose probe goes
+    unanswered for `hang_timeout_s` (default: this process's `--engine_hang_timeout`; 0: no probes) raises
+    `RemoteActorHung` naming it."""
     import ray
     from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
@@ -71,12 +109,23 @@ def wait_remote(refs: Sequence[Any], *, role: str, method: str, handles: Sequenc
     ranks = list(range(len(refs))) if ranks is None else list(ranks)
     deadline_s = remote_call_timeout() if timeout_s is None else timeout_s
     began = time.monotonic() if started is None else started
+    if hang_timeout_s is None:
+        hang_timeout_s = engine_hang_timeout() if role == "engine" else 0.0
+    probes = LivenessProbes(handles, hang_timeout_s, began) if hang_timeout_s > 0 and method != "ping" else None
     index = {ref: i for i, ref in enumerate(refs)}
     pending = list(refs)
     while pending:
-        left = deadline_s - (time.monotonic() - began)
-        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, left)) if left > 0 else ([], pending)
-        if not ready:
+        now = time.monotonic()
+        left = deadline_s - (now - began)
+        if probes is not None:
+            hung = probes.check([index[r] for r in pending], now)
+            if hung:
+                raise probes.hung_error(hung, role, method, ranks, began)
+            wait_s = min(left, probes.next_event([index[r] for r in pending], now) - now)
+        else:
+            wait_s = left
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, wait_s)) if left > 0 else ([], pending)
+        if not ready and time.monotonic() - began >= deadline_s:
             waited = time.monotonic() - began
             late = [index[r] for r in pending]
             raise RemoteCallTimeout(
@@ -94,6 +143,59 @@ def wait_remote(refs: Sequence[Any], *, role: str, method: str, handles: Sequenc
                     _raise_dead_peer(err, refs, index[ref], role, method, handles, ranks, began, deadline_s)
                 raise
     return ray.get(refs)
+
+
+class LivenessProbes:
+    """The liveness probes of one wait: callee `i` (still working) gets `handles[i].ping()`, which the engine
+    classes serve in their `LIVENESS_GROUP` (beside the running call, so a live callee answers at once), first
+    `interval` seconds into the wait, then `interval` seconds after each answer; one probe in flight per callee.
+    A probe in flight for `hang_timeout_s` marks its callee hung. `interval` = min(PROBE_INTERVAL_MAX_S,
+    hang_timeout_s / 4): a stop is found within hang_timeout_s + interval of it."""
+
+    def __init__(self, handles: Sequence[Any], hang_timeout_s: float, began: float) -> None:
+        self.handles, self.hang_timeout_s = handles, hang_timeout_s
+        self.interval = min(PROBE_INTERVAL_MAX_S, hang_timeout_s / 4)
+        # when callee i's next probe is sent; actors without a ping (not an engine class) are not probed
+        self.due = {i: began + self.interval for i, h in enumerate(handles) if hasattr(h, "ping")}
+        self.in_flight: dict[int, tuple[Any, float]] = {}  # callee -> (probe ref, when sent)
+
+    def check(self, working: list[int], now: float) -> list[int]:
+        """Collect the answers, send the probes due to the `working` callees; returns the hung ones."""
+        import ray
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+        if self.in_flight:
+            refs = [ref for ref, _ in self.in_flight.values()]
+            answered, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for i, (ref, _) in list(self.in_flight.items()):
+                if ref in answered:
+                    del self.in_flight[i]
+                    self.due[i] = now + self.interval
+                    try:
+                        ray.get(ref)
+                    except (ActorDiedError, ActorUnavailableError, RayActorError):
+                        pass  # dead: its own call reports it (RemoteActorDied)
+        working = [i for i in working if i in self.due]
+        hung = [i for i in working if i in self.in_flight and now - self.in_flight[i][1] >= self.hang_timeout_s]
+        for i in working:
+            if i not in self.in_flight and now >= self.due[i]:
+                self.in_flight[i] = (self.handles[i].ping.remote(), now)
+        return hung
+
+    def next_event(self, working: list[int], now: float) -> float:
+        """When the next probe of a `working` callee is due, or the oldest one in flight becomes a hang."""
+        times = [self.in_flight[i][1] + self.hang_timeout_s if i in self.in_flight else self.due[i]
+                 for i in working if i in self.due]
+        return max(now, min(times)) if times else now + self.interval
+
+    def hung_error(self, hung: list[int], role: str, method: str, ranks: list[int], began: float) -> RemoteActorHung:
+        waited = time.monotonic() - began
+        return RemoteActorHung(
+            f"{method} on {_who(role, [ranks[i] for i in hung], [self.handles[i] for i in hung])}: hung, its "
+            f"liveness probe (ping, served beside the running call) got no answer for {self.hang_timeout_s:g} s "
+            f"(--engine_hang_timeout), {waited:.1f} s into the call. The process is stopped, frozen, or holds the "
+            "interpreter: see its log in <run_dir>/logs/ (a live call, however long, answers the probe).",
+            role=role, ranks=[ranks[i] for i in hung], method=method, waited_s=waited)
 
 
 def _died(err: BaseException, i: int, role: str, method: str, handles: Sequence[Any], ranks: Sequence[int],
@@ -134,18 +236,22 @@ def _raise_dead_peer(err: BaseException, refs: list[Any], failed: int, role: str
 
 
 def call_all(handles: Sequence[Any], method: str, *args: Any, role: str, ranks: Sequence[int] | None = None,
-             timeout_s: float | None = None, **kwargs: Any) -> list[Any]:
+             timeout_s: float | None = None, hang_timeout_s: float | None = None, **kwargs: Any) -> list[Any]:
     """`method(*args, **kwargs)` on every actor in `handles`, waited with `wait_remote`."""
     refs = [getattr(h, method).remote(*args, **kwargs) for h in handles]
-    return wait_remote(refs, role=role, method=method, handles=handles, ranks=ranks, timeout_s=timeout_s)
+    return wait_remote(refs, role=role, method=method, handles=handles, ranks=ranks, timeout_s=timeout_s,
+                       hang_timeout_s=hang_timeout_s)
 
 
 def ping_engines(engines: Sequence[Any], timeout_s: float | None = None) -> None:
-    """The engines' health check: `ping()` on each, with a short deadline (dead or hung: `RemoteCallError`)."""
+    """The engines' health check: `ping()` on each (served in its liveness group: it does not wait behind a call
+    in flight, e.g. a generation ahead with --async_train), with a short deadline (dead or hung: `RemoteCallError`)."""
     if timeout_s is None:
         timeout_s = min(HEALTH_CHECK_TIMEOUT_S, remote_call_timeout())
     call_all(engines, "ping", role="engine", timeout_s=timeout_s)
 
 
-__all__ = ["RemoteActorDied", "RemoteCallError", "RemoteCallTimeout", "actor_node", "call_all", "ping_engines",
-           "remote_call_timeout", "set_remote_call_timeout", "wait_remote"]
+__all__ = ["ENGINE_CONCURRENCY_GROUPS", "LIVENESS_GROUP", "LivenessProbes", "RemoteActorDied", "RemoteActorHung",
+           "RemoteCallError", "RemoteCallTimeout", "actor_node", "call_all", "engine_actor_class",
+           "engine_hang_timeout", "ping_engines", "remote_call_timeout", "set_engine_hang_timeout",
+           "set_remote_call_timeout", "wait_remote"]

@@ -163,7 +163,10 @@ class RolloutEngine(Protocol):
     group (`weight_sync_info`, `join_weight_group`) and each bucket arrives by `receive_weight_bucket(meta)`.
     """
 
-    def ping(self) -> bool: ...  # the health check before each step: True at once when alive
+    # the liveness probe (health check before each step, probes while a call runs): True at once when alive. A Ray
+    # actor class serves it beside a running call: @ray.method(concurrency_group=LIVENESS_GROUP), made an actor
+    # class by engine_actor_class (rlhfkit.rollout.remote)
+    def ping(self) -> bool: ...
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[RolloutSample]: ...
 

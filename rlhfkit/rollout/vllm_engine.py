@@ -13,11 +13,15 @@ On CPU such an engine uses `rlhfkit.rollout.lora_cpu_ops` (one GEMM per LoRA op 
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal, get_args
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
-from rlhfkit.rollout.remote import call_all
+import ray
+
+from rlhfkit.rollout.remote import LIVENESS_GROUP, call_all, engine_actor_class
 from rlhfkit.rollout.types import FinishReason, NamedTensors, RolloutSample, SamplingConfig
 
 if TYPE_CHECKING:
@@ -30,6 +34,7 @@ WORKER_EXTENSION = "rlhfkit.rollout.worker_ext.WeightReloadExtension"
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
 VLLMDType = Literal["auto", "bfloat16", "float16", "float32"]  # the dtype names rlhfkit gives vLLM
 ENGINE_DTYPES: dict[str, VLLMDType] = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+R = TypeVar("R")
 
 
 def vllm_dtype(dtype: str) -> VLLMDType:
@@ -38,6 +43,29 @@ def vllm_dtype(dtype: str) -> VLLMDType:
         if name == dtype:
             return name
     raise ValueError(f"vLLM engine dtype must be one of {list(get_args(VLLMDType))}, got {dtype!r}")
+
+
+def on_compute_thread(method: Callable[..., R]) -> Callable[..., R]:
+    """Run an engine method that computes with this process's OpenMP thread count (`VLLMEngine.threads`).
+
+    The engine actor serves `ping` in a concurrency group of its own (`rlhfkit.rollout.remote.LIVENESS_GROUP`), so
+    Ray runs the other methods on a worker thread, not on the main thread that built vLLM. OpenMP's thread count
+    is per thread: that worker thread would start with the default (all cores), and vLLM's CPU attention refuses
+    metadata built for one count and run with another ("thread_num == thread_num (1 vs. 2)"). So each method that
+    computes first gives its thread the count the engine was built with (`torch._C.set_num_threads`: vLLM's CPU
+    worker replaced `torch.set_num_threads` by a no-op), once per thread."""
+
+    @functools.wraps(method)
+    def pinned(self: VLLMEngine, *args: Any, **kwargs: Any) -> R:
+        thread = threading.get_ident()
+        if thread not in self.pinned_threads:
+            import torch
+
+            torch._C.set_num_threads(self.threads)  # torch.set_num_threads itself, which vLLM replaced
+            self.pinned_threads.add(thread)
+        return method(self, *args, **kwargs)
+
+    return pinned
 
 
 class VLLMEngine:
@@ -120,15 +148,21 @@ class VLLMEngine:
             distributed_executor_backend=distributed_executor_backend,
             **extra,
         )
+        self.threads = torch.get_num_threads()  # what vLLM computes with (on_compute_thread gives it to other threads)
+        self.pinned_threads = {threading.get_ident()}
 
     def ready(self) -> bool:
         """True once the engine is built (lets callers wait on actor start)."""
         return True
 
+    @ray.method(concurrency_group=LIVENESS_GROUP)
     def ping(self) -> bool:
-        """The health check before each step (`rlhfkit.rollout.remote.ping_engines`): answers at once when alive."""
+        """The liveness probe: the health check before each step and the probes while a call runs
+        (`rlhfkit.rollout.remote`). Served in its own concurrency group (`LIVENESS_GROUP`, a thread beside the one
+        running generate, weight loads...): answers at once while the engine is alive, however busy."""
         return True
 
+    @on_compute_thread
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
                  images: list[list[Any]] | None = None) -> list[RolloutSample]:
         """Generate `sampling.n` responses per prompt, ordered by (prompt, sample).
@@ -152,6 +186,7 @@ class VLLMEngine:
         return [_to_sample(i, j, _prompt_ids(out) if with_images else prompt_ids[i], out.outputs[0])
                 for (i, j), out in zip(keys, outputs)]
 
+    @on_compute_thread
     def score(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         """log softmax(logits)[token] (temperature 1) of each response token given its prompt (vLLM prompt_logprobs)."""
         from vllm import SamplingParams
@@ -163,15 +198,18 @@ class VLLMEngine:
         return [_prompt_logprobs(out, list(p) + list(r), len(p))
                 for p, r, out in zip(prompt_ids, response_ids, outputs)]
 
+    @on_compute_thread
     def begin_weight_update(self, keep_vision_tower: bool = False) -> None:
         """Start a streamed in-place weight update on every worker (`keep_vision_tower`: a frozen vision tower is
         not sent and keeps its weights)."""
         self.llm.collective_rpc("rlhf_begin_weight_update", args=(keep_vision_tower,))
 
+    @on_compute_thread
     def load_weight_bucket(self, named_tensors: NamedTensors) -> int:
         """Load one bucket of (HF name, full tensor) pairs on every worker."""
         return self.llm.collective_rpc("rlhf_load_weight_bucket", args=(named_tensors,))[0]
 
+    @on_compute_thread
     def finish_weight_update(self) -> None:
         """Finish the update on every worker, then drop prefix-cache blocks computed with the old weights."""
         self.llm.collective_rpc("rlhf_finish_weight_update")
@@ -184,6 +222,7 @@ class VLLMEngine:
             self.llm.llm_engine.reset_encoder_cache()  # the scheduler's record and the runner's tensors
             self.llm.reset_mm_cache()  # the processor cache and its receiver (else: "Encoder cache miss")
 
+    @on_compute_thread
     def begin_lora_update(self) -> None:
         """Start an adapter-only update: the next buckets (either transport) carry LoRA A/B tensors."""
         if self.lora_dir is None:
@@ -191,6 +230,7 @@ class VLLMEngine:
                                "use --lora_sync merged, or start the engines with LoRA enabled")
         self.llm.collective_rpc("rlhf_begin_lora_update")
 
+    @on_compute_thread
     def finish_lora_update(self, config: dict[str, Any]) -> int:
         """Write the adapter (peft `config`) on every worker, serve it as a new LoRA from now on, drop the previous
         one; returns its bytes of tensors."""
@@ -214,8 +254,10 @@ class VLLMEngine:
         return nbytes
 
     # ---- weight sync over a torch.distributed broadcast (--vllm_sync_backend gloo|nccl), see weight_broadcast
+    @on_compute_thread
     def compute_threads(self) -> int:
-        """torch's intra-op threads in this engine (set before vLLM starts; see rlhfkit.engine.cpu_threads)."""
+        """torch's intra-op threads in this engine (set before vLLM starts; see rlhfkit.engine.cpu_threads), as the
+        thread that computes sees them."""
         import torch
 
         return torch.get_num_threads()
@@ -234,29 +276,35 @@ class VLLMEngine:
         return {"workers": self.tensor_parallel_size, "cuda": torch.cuda.is_available(),
                 "max_lora_rank": self.max_lora_rank}
 
+    @on_compute_thread
     def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str,
                           timeout_s: float) -> list[int]:
         """Every worker joins the sender's weight group as rank `rank_offset + tp_rank`; returns their ranks."""
         return self.llm.collective_rpc("rlhf_join_weight_group",
                                        args=(host, port, rank_offset, world_size, backend, timeout_s))
 
+    @on_compute_thread
     def receive_weight_bucket(self, meta: list) -> int:
         """Every worker receives one broadcast bucket and loads it (as `load_weight_bucket` does)."""
         return self.llm.collective_rpc("rlhf_receive_weight_bucket", args=(meta,))[0]
 
+    @on_compute_thread
     def leave_weight_group(self) -> None:
         """Every worker drops its side of the weight group."""
         self.llm.collective_rpc("rlhf_leave_weight_group")
 
+    @on_compute_thread
     def reset_prefix_cache(self) -> bool:
         """Drop all cached prefix blocks (call after the weights changed)."""
         return self.llm.reset_prefix_cache()
 
+    @on_compute_thread
     def sleep(self, level: int = 1) -> None:
         """Free the device memory of a colocated engine (needs `enable_sleep_mode`, CUDA only): level 1 moves the
         weights to host RAM and drops the KV cache."""
         self.llm.sleep(level=level)
 
+    @on_compute_thread
     def wake_up(self) -> None:
         """Undo `sleep`: weights back on the device, KV cache re-allocated."""
         self.llm.wake_up()
@@ -353,7 +401,7 @@ def create_vllm_engines(
         from rlhfkit.engine.precision import resolve_precision
 
         dtype = ENGINE_DTYPES[resolve_precision("auto", "cuda" if has_gpus else "cpu", touch_device=False).dtype]
-    engine_cls = ray.remote(VLLMEngine)
+    engine_cls = engine_actor_class(VLLMEngine)  # ping served beside a running call
     engines = []
     for k in range(num_engines) if indices is None else indices:
         options = _actor_options(k, has_gpus, tensor_parallel_size, num_cpus_per_engine, placement_group,
@@ -377,7 +425,8 @@ def create_vllm_engines(
                 max_lora_rank=max_lora_rank,
             )
         )
-    call_all(engines, "ready", role="engine", ranks=list(range(num_engines)) if indices is None else list(indices))
+    call_all(engines, "ready", role="engine", ranks=list(range(num_engines)) if indices is None else list(indices),
+             hang_timeout_s=0)  # no probes: an actor answers nothing, ping included, until its __init__ returns
     return engines
 
 

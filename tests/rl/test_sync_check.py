@@ -162,18 +162,18 @@ def test_each_fault_is_caught_and_a_correct_sync_is_not_at_both_precisions(dtype
 @pytest.mark.slow
 def test_an_engine_computing_with_other_weights_stops_the_run_at_start(ray_cluster, tiny_model_dir, echo_prompt_file,
                                                                        tmp_path):
-    import ray
 
     from rlhfkit.rl.setup import build_setup
     from rlhfkit.rollout.hf_engine import HFEngine
+    from rlhfkit.rollout.remote import engine_actor_class
 
     class WrongLayoutEngine(HFEngine):  # the fault: rows of one matrix reversed on load, every name reported loaded
         def load_weight_bucket(self, named_tensors):
             flip = "model.layers.1.self_attn.o_proj.weight"
             return super().load_weight_bucket([(n, t.flip(0) if n == flip else t) for n, t in named_tensors])
 
-    faulty = ray.remote(WrongLayoutEngine).options(num_cpus=0.5).remote(tiny_model_dir, dtype="float32",
-                                                                       cpu_threads_share=1)
+    faulty = engine_actor_class(WrongLayoutEngine).options(num_cpus=0.5).remote(tiny_model_dir, dtype="float32",
+                                                                                cpu_threads_share=1)
     flags = {"pretrain": tiny_model_dir, "prompt_data": echo_prompt_file, "input_key": "input",
              "apply_chat_template": True, "remote_rm_url": "builtin:format", "rollout_backend": "hf",
              "rollout_batch_size": 4, "train_batch_size": 4, "micro_train_batch_size": 4, "prompt_max_len": 128,
