@@ -206,7 +206,7 @@ EFFECTS: dict[str, Effect] = {
                 "tests/rollout/test_engines.py::test_truncated_sampling_logprobs_are_the_trainers_truncated_ones",
                 _TRUNCATED + "test_top_k_and_top_p_packed_with_a_reference"),
     "logprobs_truncation": _t("off: the trainer's log-probs are the whole softmax, biased against the engines' "
-                              "truncated ones (rollout/logprob_abs_diff_mean 0.105 at --top_p 0.9 instead of ~1e-7)",
+                              "truncated ones (rollout/logprob_abs_diff_mean 0.105 at --top_p 0.9 instead of 4e-7)",
                               _TRUNCATED + "test_top_p_ratios_are_exact_with_the_fix_and_biased_without",
                               _TRUNCATED + "test_the_flags_choose_the_trainers_truncation"),
     "micro_rollout_batch_size": _t("rows per reward-model / log-prob forward", _SOURCES + "test_from_config"),
