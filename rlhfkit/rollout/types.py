@@ -57,7 +57,7 @@ class SamplingConfig:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
-            raise ValueError(f"SamplingConfig.top_k must be >= 0 (0: off), got {self.top_k}")
+            raise ValueError(f"SamplingConfig.top_k (--top_k) must be >= 0 (0: off), got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(
                 f"SamplingConfig.max_new_tokens (--generate_max_len) must be >= 1, got {self.max_new_tokens}"
