@@ -22,7 +22,7 @@ executor sums the step rewards, so the episode's reward is
 
     R = sum_t rewards_t,    scores = the last step's `scores` (default: R),    extra_logs = the last step's.
 
-`step` gets `states["sampling_params"] = None`: every turn samples with the run's settings (`--temperature`,
+`step` gets `states["sampling_params"] = None`: every turn samples with the run's settings (`--temperature`, `--top_k`,
 `--top_p`, `--agent_action_max_len`), so a step that returns other `sampling_params` is refused (parse_step).
 """
 

@@ -200,7 +200,7 @@ def _refuse_unsupported(result: dict, where: str) -> None:
     """OpenRLHF's step keys rlhfkit cannot honour: refused rather than ignored."""
     if result.get("sampling_params") is not None:
         raise AgentError(f"{where} returned sampling_params {result['sampling_params']!r}: every turn samples with the "
-                         "run's settings (--temperature, --top_p, --agent_action_max_len); return None (or "
+                         "run's settings (--temperature, --top_k, --top_p, --agent_action_max_len); return None (or "
                          "states['sampling_params'], which is None) and set those flags instead")
     if result.get("environment_images"):
         raise AgentError(f"{where} returned environment_images: images in environment feedback are not supported; "

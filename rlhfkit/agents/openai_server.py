@@ -8,9 +8,10 @@ engines; episode r gets its own `base_url` (`http://127.0.0.1:PORT/episodes/r/v1
 - `POST /v1/completions` (`prompt`: text or token ids),
 - `GET /v1/models`, `POST /tokenize` (`prompt` or `messages`; also under `/v1`).
 
-Sampling follows the run (`--temperature`, `--top_p`, seeds), not the request: the trainer's log-probs must be the
-policy's at the sampling temperature. `max_tokens` is capped by `--agent_action_max_len` and by what is left of the
-episode's `--generate_max_len` budget (a call with no room left answers an empty "length" completion).
+Sampling follows the run (`--temperature`, `--top_k`, `--top_p`, seeds), not the request: the trainer's log-probs
+must be the policy's at the sampling temperature and truncation. `max_tokens` is capped by `--agent_action_max_len`
+and by what is left of the episode's `--generate_max_len` budget (a call with no room left answers an empty "length"
+completion).
 
 Every call records its prompt token ids, the sampled ids and their log-probs. Token in, token out: when a call's
 rendered prompt text continues the previous call's prompt text plus the text it returned (the assistant message as

@@ -192,7 +192,7 @@ SEED_BY_COMMAND: dict[str, dict[str, Target]] = {
         "full_determinism": Refused("not implemented for the engines; runs are seeded by --seed"),
         "value_head_prefix": Only("score", "rlhfkit reward models have the head 'score'; 'score' is accepted"),
         "reward_template": Refused("not implemented: reward models score the formatted prompt + response"),
-        "repetition_penalty": Refused("not implemented: sampling uses --temperature and --top_p"),
+        "repetition_penalty": Refused("not implemented: sampling uses --temperature, --top_k and --top_p"),
         "max_num_seqs": Refused("the engines use vLLM's default scheduler limits; drop the flag"),
     },
 }

@@ -42,7 +42,14 @@ class SamplingOptions:
     prompt_max_len: int = opt(1024, "prompts longer than this (tokens) are dropped and counted")
     temperature: float = opt(1.0, "sampling temperature",
                              command_help={"ppo": "sampling temperature (trainer log-probs use the same)"})
-    top_p: float = opt(1.0, "nucleus sampling",
-                       command_help={"ppo": "nucleus sampling (keep 1.0 for on-policy log-probs)"})
+    top_p: float = opt(1.0, "nucleus sampling: keep the smallest set of most likely tokens whose probability "
+                            "reaches this (1.0: off)",
+                       command_help={"ppo": "nucleus sampling: keep the smallest set of most likely tokens whose "
+                                            "probability reaches this (1.0: off); the trainer's log-probs are those "
+                                            "of the same truncated distribution (--logprobs_truncation)"})
+    top_k: int = opt(0, "sample among the k most likely tokens only, before --top_p (0: off)",
+                     command_help={"ppo": "sample among the k most likely tokens only, before --top_p (0: off); the "
+                                          "trainer's log-probs are those of the same truncated distribution "
+                                          "(--logprobs_truncation)"})
     rollout_batch_size: int = opt(1024, "prompts per step",
                                   command_help={"batch-inference": "prompts per --iter slice"})

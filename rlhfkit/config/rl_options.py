@@ -81,6 +81,12 @@ class RolloutOptions:
                                                      "under this, or the run stops naming the engine; default: 1e-3 "
                                                      "in fp32; with bf16/fp16 0.25 at start, then max(0.01, 4 x "
                                                      "the diff measured at start); 0 = off")
+    logprobs_truncation: str = opt("auto", "with --top_k / --top_p: auto = the trainer's log-probs (old, current, "
+                                           "reference) are those of the truncated, renormalised distribution the "
+                                           "engines sample from and report, so the PPO ratio and the "
+                                           "engine/trainer mismatch compare like with like (docs/rollout.md); "
+                                           "off = the whole tempered softmax (the bias every ratio then carries)",
+                                   choices=["auto", "off"])
     generate_max_len: int = opt(1024, "maximum new tokens per response (alias --max_new_tokens, OpenRLHF's "
                                       "--rollout.max_new_tokens); with --max_len a prompt of p tokens gets "
                                       "min(this, max_len - p)", aliases=["--max_new_tokens"])

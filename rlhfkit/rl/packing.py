@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from rlhfkit.algorithms.entropy import entropy_from_logits
+from rlhfkit.models.logprobs import SamplingTruncation, nucleus_log_norm, with_sampled_token
 
 
 @dataclass
@@ -134,19 +135,23 @@ def pack_rows(prompts: list[list[int]], responses: list[list[int]], response_wid
 
 def packed_response_log_probs(model: torch.nn.Module, packed: PackedRollout, temperature: float, *,
                               mask_dtype: torch.dtype, with_entropy: bool = False,
+                              truncation: SamplingTruncation | None = None,
                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(logits / temperature)[label] of every response token, [B, W] float32 (0 past a row's response),
     and with `with_entropy` the entropy of the same distribution ([B, W], detached), from one packed forward.
 
     log p = z[label] - logsumexp(z) at the predicting position, z = logits / temperature; the log-sum-exp is taken
     once per kept position, so a prompt's last position, shared by all its responses, costs one row of the head.
+    With an active `truncation` (--top_k / --top_p) it runs over the kept set of each position instead
+    (`rlhfkit.models.logprobs.nucleus_log_norm`), which a sampled token outside it joins (`with_sampled_token`).
     """
     logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
                    attention_mask=packed.attention_mask(mask_dtype), use_cache=False,
                    logits_to_keep=packed.keep).logits[0].float() / temperature
-    log_norm = torch.logsumexp(logits, dim=-1)                                   # [K]
-    picked = logits[packed.pick, packed.labels] - log_norm[packed.pick]          # [B, W]
-    log_probs = picked.masked_fill(~packed.valid, 0.0)
+    log_norm, cut = nucleus_log_norm(logits, truncation)                         # [K], [K]
+    picked = logits[packed.pick, packed.labels]                                  # [B, W]
+    log_probs = (picked - with_sampled_token(log_norm[packed.pick], cut[packed.pick], picked)
+                 ).masked_fill(~packed.valid, 0.0)
     entropy = None
     if with_entropy:
         entropy = entropy_from_logits(logits.detach())[packed.pick].masked_fill(~packed.valid, 0.0)

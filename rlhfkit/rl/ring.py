@@ -28,7 +28,7 @@ from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.options import TrainOptions
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.context_parallel import RingGroup, setup_ring_attention, shard_forward_kwargs, sum_over_ring
-from rlhfkit.models.logprobs import log_probs_from_logits
+from rlhfkit.models.logprobs import SamplingTruncation, log_probs_from_logits, nucleus_log_norm, with_sampled_token
 from rlhfkit.models.positions import position_ids
 from rlhfkit.rl.experience import split_rows
 from rlhfkit.rl.packing import PackedRollout
@@ -94,17 +94,19 @@ def _kept_logits(model: torch.nn.Module, forward_kwargs: dict[str, torch.Tensor]
 
 
 def ring_response_log_probs(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor,
-                            width: int, temperature: float, ring: RingGroup, with_entropy: bool = False,
+                            width: int, temperature: float, ring: RingGroup, with_entropy: bool = False, *,
+                            truncation: SamplingTruncation | None = None,
                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Padded rows: log softmax(z_t / temperature)[y_{t+1}] of the last `width` tokens, [B, width] float32, and with
-    `with_entropy` the entropy of the same distributions (detached); every rank of the group returns all of it."""
+    `with_entropy` the entropy of the same distributions (detached); every rank of the group returns all of it.
+    `truncation`: --top_k / --top_p log-probs (`rlhfkit.models.logprobs.log_probs_from_logits`)."""
     total = sequences.shape[1]
     keep = torch.arange(total - width - 1, total - 1, device=sequences.device)
     inputs = {"input_ids": sequences, "attention_mask": attention_mask, "position_ids": position_ids(attention_mask)}
     logits, owned, index = _kept_logits(model, inputs, keep, ring)
     logits = logits / temperature
     labels = sequences[:, keep[owned] + 1]
-    picked = F.pad(_label_log_probs(logits, labels), (0, 1))[:, index]    # [B, width], 0 where not owned
+    picked = F.pad(_label_log_probs(logits, labels, truncation), (0, 1))[:, index]    # [B, width], 0 where not owned
     log_probs = sum_over_ring(picked, ring)
     entropy = None
     if with_entropy:
@@ -112,15 +114,17 @@ def ring_response_log_probs(model: torch.nn.Module, sequences: torch.Tensor, att
     return log_probs, entropy
 
 
-def _label_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def _label_log_probs(logits: torch.Tensor, labels: torch.Tensor,
+                     truncation: SamplingTruncation | None) -> torch.Tensor:
     """log softmax(logits)[label], [B, k]; a chunk that predicts no response token (k = 0) gives [B, 0]."""
     if logits.shape[1] == 0:
         return logits.sum(-1)  # [B, 0], still in the graph (the LM head ran)
-    return log_probs_from_logits(logits, labels)
+    return log_probs_from_logits(logits, labels, truncation=truncation)
 
 
 def ring_packed_log_probs(model: torch.nn.Module, packed: PackedRollout, temperature: float, ring: RingGroup,
-                          with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                          with_entropy: bool = False, *, truncation: SamplingTruncation | None = None,
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`rlhfkit.rl.packing.packed_response_log_probs` over the ring group: log p = z[label] - logsumexp(z) at each
     response token's predicting position (z = logits / temperature), [B, W] float32 (0 past a row's response)."""
     inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids,
@@ -129,8 +133,10 @@ def ring_packed_log_probs(model: torch.nn.Module, packed: PackedRollout, tempera
     logits = F.pad(logits[0] / temperature, (0, 0, 0, 1))                        # [k + 1, V], a zero row for others
     rows = index[packed.pick]                                                    # [B, W]
     mine = owned[packed.pick] & packed.valid
-    log_norm = torch.logsumexp(logits, dim=-1)
-    log_probs = sum_over_ring((logits[rows, packed.labels] - log_norm[rows]).masked_fill(~mine, 0.0), ring)
+    log_norm, cut = nucleus_log_norm(logits, truncation)
+    picked = logits[rows, packed.labels]
+    log_probs = sum_over_ring((picked - with_sampled_token(log_norm[rows], cut[rows], picked)).masked_fill(~mine, 0.0),
+                              ring)
     entropy = None
     if with_entropy:
         entropy = sum_over_ring(entropy_from_logits(logits.detach())[rows].masked_fill(~mine, 0.0), ring)

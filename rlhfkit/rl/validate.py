@@ -69,9 +69,13 @@ def validate_rl(cfg: PPOConfig) -> None:
     if buffer % cfg.train_batch_size and not cfg.dynamic_filtering:
         raise ConfigError(f"--rollout_batch_size x --n_samples_per_prompt = {buffer} is not a multiple of "
                           f"--train_batch_size {cfg.train_batch_size}")
-    if cfg.top_p < 1.0:
-        log.warning("--top_p %s < 1: the trainer's log-probs do not model the truncated sampling distribution",
-                    cfg.top_p)
+    if cfg.top_k < 0:
+        raise ConfigError(f"--top_k {cfg.top_k}: the number of most likely tokens to sample among, >= 1 (0: off)")
+    if (cfg.top_p < 1.0 or cfg.top_k > 0) and cfg.logprobs_truncation == "off":
+        log.warning("--top_p %s / --top_k %s with --logprobs_truncation off: the engines report log-probs of the "
+                    "truncated distribution, the trainer computes the whole softmax, so every PPO ratio and "
+                    "importance weight carries that bias (drop the flag: auto computes the truncated log-probs)",
+                    cfg.top_p, cfg.top_k)
     if cfg.reward_weights is not None:
         try:
             [float(w) for w in cfg.reward_weights.split(",")]

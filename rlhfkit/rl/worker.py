@@ -30,7 +30,7 @@ from rlhfkit.engine.distributed import init_distributed
 from rlhfkit.engine.ema import resolved_ema_beta
 from rlhfkit.engine.fsdp import shard_model
 from rlhfkit.engine.train_engine import TrainEngine
-from rlhfkit.models.logprobs import log_probs_from_logits
+from rlhfkit.models.logprobs import SamplingTruncation, log_probs_from_logits
 from rlhfkit.models.positions import position_ids
 from rlhfkit.rl.experience import sort_rows_by_length, sort_rows_by_prompt, trim_padding
 from rlhfkit.rl.micro_batch import micro_batches, pad_to, rollout_budget
@@ -49,6 +49,18 @@ from rlhfkit.rollout.types import SyncStats
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+
+
+def logprob_truncation(cfg: PPOConfig) -> SamplingTruncation | None:
+    """The truncation the trainer applies to its log-probs (actor: old and current; reference): the engines' top-k /
+    top-p (`--top_k --top_p`) with `--logprobs_truncation auto`, None with `off` or when nothing is cut. The set of
+    each position is the model's own nucleus of its tempered logits, as vLLM computes it from the same weights
+    (`rlhfkit.models.logprobs.nucleus_log_norm`; docs/rollout.md)."""
+    if cfg.logprobs_truncation == "off":
+        return None
+    truncation = SamplingTruncation(top_k=cfg.top_k, top_p=cfg.top_p)
+    return truncation if truncation.active else None
 
 
 class ModelWorker:
@@ -74,6 +86,7 @@ class ModelWorker:
         self.role = role
         self.cfg = cfg
         self.dist = init_distributed()
+        self.truncation = logprob_truncation(cfg)  # --top_k / --top_p with --logprobs_truncation auto
         self.ring = setup_worker_ring(role, self.cfg)  # --ring_attn_size: actor, reference, critic (rl/ring.py)
         # FSDP2 averages gradients over the world; a ring group's ranks share one loss (rl/ring.py: the scale)
         self.loss_scale = self.dist.world_size // (self.ring.size if self.ring is not None else 1)
@@ -209,18 +222,22 @@ class ModelWorker:
     def _action_log_probs(self, mb: dict[str, torch.Tensor], with_entropy: bool = False):
         seq, mask = mb["sequences"], mb["attention_mask"]
         width = mb["action_mask"].shape[1]
+        truncation = self.truncation
         if self.ring is not None and self.cfg.packing_samples:  # --ring_attn_size: rl/ring.py
-            return ring_packed_log_probs(self.model, self._pack(mb), self.cfg.temperature, self.ring, with_entropy)
+            return ring_packed_log_probs(self.model, self._pack(mb), self.cfg.temperature, self.ring, with_entropy,
+                                         truncation=truncation)
         if self.ring is not None:
-            return ring_response_log_probs(self.model, seq, mask, width, self.cfg.temperature, self.ring, with_entropy)
+            return ring_response_log_probs(self.model, seq, mask, width, self.cfg.temperature, self.ring, with_entropy,
+                                           truncation=truncation)
         if self.cfg.packing_samples:  # one packed row, each shared prompt once (rl/packing.py)
             return packed_response_log_probs(self.model, self._pack(mb), self.cfg.temperature,
-                                             mask_dtype=self._mask_dtype(), with_entropy=with_entropy)
+                                             mask_dtype=self._mask_dtype(), with_entropy=with_entropy,
+                                             truncation=truncation)
         # Only the positions that predict response tokens need the (vocab-sized) LM head.
         logits = self.model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask),
                             logits_to_keep=width + 1, **pixel_inputs(mb)).logits
         logits = logits[:, :-1].float() / self.cfg.temperature
-        log_probs = log_probs_from_logits(logits, seq[:, -width:])
+        log_probs = log_probs_from_logits(logits, seq[:, -width:], truncation=truncation)
         entropy = entropy_from_logits(logits.detach()) if with_entropy else None
         return log_probs, entropy
 

@@ -94,7 +94,8 @@ class HFEngine:
 
         kwargs: dict[str, Any] = {"do_sample": False}
         if not sampling.greedy:
-            kwargs = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
+            kwargs = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
+                      "top_k": sampling.top_k}
         return GenerationConfig(
             max_new_tokens=sampling.new_tokens(prompt_len),
             num_return_sequences=1 if sampling.greedy else sampling.n,

@@ -6,8 +6,9 @@ functions, logs).
 Log-prob semantics (the trainer must compute the same quantity, see `docs/rollout.md`):
 `RolloutSample.response_logprobs[t]` is `log softmax(logits_t / T)[token_t]`, the log-probability of the sampled
 token under the distribution it was sampled from, where `T = temperature` (`T = 1` for greedy, `temperature == 0`).
-With `top_p < 1` the distribution is also truncated to the nucleus and renormalised, which a trainer computing
-`log_softmax(logits / T)` does not reproduce: keep `top_p = 1` for on-policy RL.
+With `top_k > 0` or `top_p < 1` (sampled, not greedy) that distribution is truncated to the kept tokens and
+renormalised, after the temperature: the trainer reproduces it with `SamplingConfig.truncation`
+(`rlhfkit.models.logprobs.SamplingTruncation`, ppo's `--logprobs_truncation auto`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 if TYPE_CHECKING:
     from rlhfkit.config.commands import BatchInferenceConfig, PPOConfig
+    from rlhfkit.models.logprobs import SamplingTruncation
 
 FinishReason = Literal["stop", "length"]
 NamedTensors = list[tuple[str, torch.Tensor]]
@@ -30,7 +32,8 @@ NamedTensors = list[tuple[str, torch.Tensor]]
 class SamplingConfig:
     """How to sample responses (backend-neutral).
 
-    Flags: `--temperature` -> temperature, `--top_p` -> top_p, `--generate_max_len` -> max_new_tokens,
+    Flags: `--temperature` -> temperature, `--top_p` -> top_p, `--top_k` -> top_k (0: off),
+    `--generate_max_len` -> max_new_tokens,
     `--n_samples_per_prompt` -> n, `--seed` -> seed, ppo's `--max_len` -> max_len (prompt + response <= max_len:
     a prompt of p tokens gets `new_tokens(p)` = min(max_new_tokens, max_len - p) new tokens; None: max_new_tokens
     for every prompt). `temperature == 0` means greedy decoding.
@@ -46,12 +49,15 @@ class SamplingConfig:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     max_len: int | None = None
+    top_k: int = 0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
             raise ValueError(f"SamplingConfig.temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"SamplingConfig.top_k (--top_k) must be >= 0 (0: off), got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(
                 f"SamplingConfig.max_new_tokens (--generate_max_len) must be >= 1, got {self.max_new_tokens}"
@@ -79,6 +85,16 @@ class SamplingConfig:
         """The temperature the sampling log-probs are computed at (1.0 for greedy decoding)."""
         return 1.0 if self.greedy else self.temperature
 
+    @property
+    def truncation(self) -> SamplingTruncation | None:
+        """The top-k / top-p truncation the engine applies to what it samples and reports (None: none, or greedy
+        decoding, which vLLM takes from the whole distribution)."""
+        from rlhfkit.models.logprobs import SamplingTruncation
+
+        if self.greedy or (self.top_k == 0 and self.top_p == 1.0):
+            return None
+        return SamplingTruncation(top_k=self.top_k, top_p=self.top_p)
+
     def sample_seed(self, prompt_index: int, sample_index: int) -> int | None:
         """The seed of sample `sample_index` of prompt `prompt_index` (None when unseeded)."""
         if self.seed is None:
@@ -94,10 +110,10 @@ class SamplingConfig:
     @classmethod
     def from_options(cls, opts: PPOConfig | BatchInferenceConfig, seed: int | None,
                      stop_token_ids: Sequence[int] = ()) -> SamplingConfig:
-        """Build from the sampling flags of either command: ppo's rollout group (`--temperature --top_p
+        """Build from the sampling flags of either command: ppo's rollout group (`--temperature --top_p --top_k
         --generate_max_len --n_samples_per_prompt`) or batch-inference's (`--temperature`, 0 with
-        `--greedy_sampling`, `--top_p --max_new_tokens --best_of_n`). `seed`: `--seed`, declared in another group
-        by each command (ppo: TrainOptions, batch-inference: InferenceModelOptions)."""
+        `--greedy_sampling`, `--top_p --top_k --max_new_tokens --best_of_n`). `seed`: `--seed`, declared in another
+        group by each command (ppo: TrainOptions, batch-inference: InferenceModelOptions)."""
         from rlhfkit.config.rl_options import RolloutOptions
 
         max_len = None
@@ -108,7 +124,7 @@ class SamplingConfig:
             temperature = 0.0 if opts.greedy_sampling else opts.temperature
             max_new_tokens, n = opts.max_new_tokens, opts.best_of_n
         return cls(temperature=temperature, top_p=opts.top_p, max_new_tokens=max_new_tokens, n=n, seed=seed,
-                   stop_token_ids=tuple(stop_token_ids), max_len=max_len)
+                   stop_token_ids=tuple(stop_token_ids), max_len=max_len, top_k=opts.top_k)
 
 
 @dataclass

@@ -72,7 +72,8 @@ class VLLMEngine:
     """One vLLM engine. `generate` and `score` take and return token ids; weights update in place, bucketed.
 
     `logprobs_mode="processed_logprobs"` (default) makes the sampling log-probs those of the temperature-scaled
-    (and top-p truncated) distribution the tokens were drawn from; "raw_logprobs" gives log softmax(logits).
+    (and top-k / top-p truncated, renormalised) distribution the tokens were drawn from; "raw_logprobs" gives
+    log softmax(logits). `score` (prompt log-probs) is always log softmax(logits), temperature 1, untruncated.
     """
 
     def __init__(
@@ -317,6 +318,7 @@ def _sampling_params(sampling: SamplingConfig, seed: int | None, prompt_len: int
         n=1,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
+        top_k=sampling.top_k,
         max_tokens=sampling.new_tokens(prompt_len),
         seed=seed,
         stop_token_ids=list(sampling.stop_token_ids),

@@ -1,5 +1,6 @@
 """Flags that tell the truth: no prefix abbreviations (`--lora_r` must not set `--lora_rank`), and a KL loss with
-no reference model is refused before anything starts."""
+no reference model is refused before anything starts; a negative --top_k is refused and top-k/top-p sampling with
+the whole-softmax trainer log-probs (--logprobs_truncation off) is warned about."""
 
 from __future__ import annotations
 
@@ -33,3 +34,13 @@ def test_the_kl_loss_without_a_reference_is_refused():
                                           r"set --init_kl_coef > 0, or drop --use_kl_loss"):
         validate_rl(parse_config("ppo", None, [*PPO, "--use_kl_loss", "--init_kl_coef", "0"]))
     validate_rl(parse_config("ppo", None, [*PPO, "--use_kl_loss", "--init_kl_coef", "0.01"]))
+
+
+def test_a_negative_top_k_is_refused_and_the_biased_log_probs_are_warned_about(caplog):
+    with pytest.raises(ConfigError, match=r"--top_k -1: .* \(0: off\)"):
+        validate_rl(parse_config("ppo", None, [*PPO, "--top_k", "-1"]))
+    with caplog.at_level("WARNING", logger="rlhfkit"):
+        validate_rl(parse_config("ppo", None, [*PPO, "--top_p", "0.9"]))  # auto: the trainer truncates too
+        assert "--logprobs_truncation off" not in caplog.text
+        validate_rl(parse_config("ppo", None, [*PPO, "--top_p", "0.9", "--logprobs_truncation", "off"]))
+    assert "--top_p 0.9 / --top_k 0 with --logprobs_truncation off" in caplog.text

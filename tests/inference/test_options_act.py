@@ -75,11 +75,11 @@ def test_sampling_and_tokenizer_flags_reach_generation(tiny_model_dir, prompts_f
     real_slice = batch.prompt_slice
     monkeypatch.setattr(batch, "prompt_slice", lambda cfg, tok: (seen.setdefault("tok", tok), real_slice(cfg, tok))[1])
     cfg = cfg_of(pretrain=tiny_model_dir, dataset=prompts_file, input_key="q", temperature=0.7, top_p=0.8,
-                 best_of_n=3, max_new_tokens=9, seed=5, tokenizer_chat_template=TEMPLATE, apply_chat_template=True,
-                 max_samples=2)
+                 top_k=7, best_of_n=3, max_new_tokens=9, seed=5, tokenizer_chat_template=TEMPLATE,
+                 apply_chat_template=True, max_samples=2)
     batch.generate(cfg, engines=[object()], stats={})
     s = seen["sampling"]
-    assert (s.temperature, s.top_p, s.n, s.max_new_tokens, s.seed) == (0.7, 0.8, 3, 9, 5)
+    assert (s.temperature, s.top_p, s.top_k, s.n, s.max_new_tokens, s.seed) == (0.7, 0.8, 7, 3, 9, 5)
     assert seen["tok"].chat_template == TEMPLATE  # --tokenizer_chat_template
     greedy = cfg_of(pretrain=tiny_model_dir, dataset=prompts_file, input_key="q", temperature=0.7,
                     greedy_sampling=True, max_samples=2)

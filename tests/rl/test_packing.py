@@ -9,7 +9,7 @@ from ppo_helpers import KL_LOSS, assert_same_step, run
 
 from rlhfkit.algorithms.entropy import entropy_from_logits
 from rlhfkit.models.loading import load_causal_lm, load_scalar_model, scalar_outputs
-from rlhfkit.models.logprobs import log_probs_from_logits
+from rlhfkit.models.logprobs import SamplingTruncation, log_probs_from_logits
 from rlhfkit.models.positions import position_ids
 from rlhfkit.models.tiny import build_tiny_moe_causal_lm
 from rlhfkit.rl.experience import build_experience, trim_padding
@@ -24,11 +24,11 @@ def _micro_batch() -> dict[str, torch.Tensor]:
     return trim_padding(exp.tensors())
 
 
-def _padded(model, mb, temperature):
+def _padded(model, mb, temperature, truncation=None):
     seq, mask, width = mb["sequences"], mb["attention_mask"], mb["action_mask"].shape[1]
     logits = model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask),
                    logits_to_keep=width + 1).logits[:, :-1].float() / temperature
-    return log_probs_from_logits(logits, seq[:, -width:]), entropy_from_logits(logits.detach())
+    return log_probs_from_logits(logits, seq[:, -width:], truncation=truncation), entropy_from_logits(logits.detach())
 
 
 def test_the_packed_row_holds_each_prompt_once_and_every_response():
@@ -49,9 +49,13 @@ def test_the_packed_row_holds_each_prompt_once_and_every_response():
     assert packed.valid.sum().item() == sum(map(len, RESPONSES))
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_packed_log_probs_entropy_and_gradients_equal_the_padded_forward(tiny_model_dir, attn, temperature):
+@pytest.mark.parametrize(("attn", "temperature", "truncation"), [
+    ("sdpa", 1.0, None), ("sdpa", 0.7, None), ("eager", 1.0, None), ("eager", 0.7, None),
+    # --top_k / --top_p: the shared prompt position's kept set serves responses with different tokens
+    ("sdpa", 0.7, SamplingTruncation(top_k=20, top_p=0.9)), ("sdpa", 1.0, SamplingTruncation(top_p=0.5)),
+])
+def test_packed_log_probs_entropy_and_gradients_equal_the_padded_forward(tiny_model_dir, attn, temperature,
+                                                                         truncation):
     """What the workers compute per micro-batch with packing_samples on, against the padded forward."""
     mb = _micro_batch()
     valid = mb["action_mask"]
@@ -63,9 +67,9 @@ def test_packed_log_probs_entropy_and_gradients_equal_the_padded_forward(tiny_mo
         if packed:
             rollout = pack_rollout(mb["sequences"], mb["attention_mask"], valid.shape[1])
             log_probs, entropy = packed_response_log_probs(model, rollout, temperature, mask_dtype=torch.float32,
-                                                           with_entropy=True)
+                                                           with_entropy=True, truncation=truncation)
         else:
-            log_probs, entropy = _padded(model, mb, temperature)
+            log_probs, entropy = _padded(model, mb, temperature, truncation)
         (log_probs * weights).sum().backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         results.append((log_probs.detach() * valid, entropy * valid, grads))

@@ -37,9 +37,15 @@ def run_ranks(tmp_path: Path, world: int, model_dir: str, reward_dir: str, flags
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(world)]
 
 
-def test_ring_workers_equal_the_unsharded_workers(tmp_path, tiny_model_dir, tiny_reward_model_dir):
-    procs = run_ranks(tmp_path, 1, tiny_model_dir, tiny_reward_model_dir, {}) + \
-        run_ranks(tmp_path, 2, tiny_model_dir, tiny_reward_model_dir, {"ring_attn_size": 2, "ring_head_stride": 2})
+@pytest.mark.parametrize("sampling", [
+    pytest.param({}, id="whole-softmax"),
+    # the trainer's top-k / top-p log-probs (--logprobs_truncation auto) through both ring layouts
+    pytest.param({"top_k": 20, "top_p": 0.9}, id="top-k-top-p", marks=pytest.mark.slow),
+])
+def test_ring_workers_equal_the_unsharded_workers(tmp_path, tiny_model_dir, tiny_reward_model_dir, sampling):
+    procs = run_ranks(tmp_path, 1, tiny_model_dir, tiny_reward_model_dir, sampling) + \
+        run_ranks(tmp_path, 2, tiny_model_dir, tiny_reward_model_dir,
+                  {"ring_attn_size": 2, "ring_head_stride": 2, **sampling})
     for p in procs:
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out

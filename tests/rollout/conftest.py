@@ -22,15 +22,17 @@ def rollout_prompts(tokenizer) -> list[list[int]]:
 
 @pytest.fixture(scope="session")
 def trainer_logprobs():
-    """`fn(model, prompt, response, temperature=1.0) -> list[float]`: the trainer's `response_log_probs` reference."""
+    """`fn(model, prompt, response, temperature=1.0, truncation=None) -> list[float]`: the trainer's
+    `response_log_probs` reference (`truncation`: a `SamplingTruncation`, --top_k / --top_p)."""
     import torch
 
     from rlhfkit.models.logprobs import response_log_probs
 
-    def fn(model, prompt: list[int], response: list[int], temperature: float = 1.0) -> list[float]:
+    def fn(model, prompt: list[int], response: list[int], temperature: float = 1.0, truncation=None) -> list[float]:
         ids = torch.tensor([list(prompt) + list(response)])
         with torch.no_grad():
-            logp = response_log_probs(model, ids, torch.ones_like(ids), temperature=temperature)
+            logp = response_log_probs(model, ids, torch.ones_like(ids), temperature=temperature,
+                                      truncation=truncation)
         return logp[0, len(prompt) - 1:].tolist()
 
     return fn

@@ -89,6 +89,32 @@ def test_sampling_logprobs_are_those_of_the_tempered_distribution(
 
 
 @pytest.mark.parametrize("backend", ["vllm", "hf"])
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 0.9), (20, 1.0), (20, 0.9)])
+def test_truncated_sampling_logprobs_are_the_trainers_truncated_ones(
+    backend, top_k, top_p, rollout_vllm_engine, rollout_hf_engine, rollout_prompts, trainer_model, trainer_logprobs
+):
+    """With --top_k / --top_p the engine reports the log-prob of the truncated, renormalised tempered distribution
+    (vLLM's processed_logprobs; HF's warped scores): the trainer's `SamplingTruncation` log-probs of the same tokens
+    agree to 1e-5 (an importance ratio of 1 within 1e-5), the whole-softmax ones (--logprobs_truncation off) do not."""
+    from rlhfkit.models.logprobs import SamplingTruncation
+
+    engine = rollout_vllm_engine if backend == "vllm" else rollout_hf_engine
+    cfg = SamplingConfig(temperature=0.7, top_k=top_k, top_p=top_p, max_new_tokens=8, n=2, seed=11)
+    assert cfg.truncation == SamplingTruncation(top_k=top_k, top_p=top_p)
+    samples = ray.get(engine.generate.remote(rollout_prompts[:3], cfg))
+    exact, whole = [], []
+    for s in samples:
+        exact += [a - b for a, b in zip(s.response_logprobs, trainer_logprobs(
+            trainer_model, s.prompt_ids, s.response_ids, temperature=0.7, truncation=cfg.truncation))]
+        whole += [a - b for a, b in zip(s.response_logprobs, trainer_logprobs(
+            trainer_model, s.prompt_ids, s.response_ids, temperature=0.7))]
+    assert len(exact) == 3 * 2 * 8
+    assert max(abs(d) for d in exact) < 1e-5
+    assert max(abs(math.exp(d) - 1) for d in exact) < 1e-5  # the importance ratio engine / trainer
+    assert sum(abs(d) for d in whole) / len(whole) > 0.05  # the whole softmax is biased by log Z_N
+
+
+@pytest.mark.parametrize("backend", ["vllm", "hf"])
 def test_score_matches_trainer(backend, rollout_vllm_engine, rollout_hf_engine, rollout_prompts, trainer_model,
                                trainer_logprobs):
     engine = rollout_vllm_engine if backend == "vllm" else rollout_hf_engine

@@ -13,18 +13,27 @@ from rlhfkit.rollout.weight_sync import named_weights_for_sync
 
 
 def test_sampling_config_from_flags():  # ppo's rollout group
+    from rlhfkit.models.logprobs import SamplingTruncation
+
     opts = parse_config("ppo", None, ["--temperature", "0.7", "--top_p", "0.9", "--generate_max_len", "33",
-                                      "--n_samples_per_prompt", "4"])
+                                      "--n_samples_per_prompt", "4", "--top_k", "20"])
     cfg = SamplingConfig.from_options(opts, seed=5, stop_token_ids=[2])
-    assert (cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.n, cfg.seed) == (0.7, 0.9, 33, 4, 5)
+    assert (cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.n, cfg.seed) == (0.7, 0.9, 20, 33, 4, 5)
     assert cfg.stop_token_ids == (2,)
+    assert cfg.truncation == SamplingTruncation(top_k=20, top_p=0.9)
+    plain = SamplingConfig.from_options(parse_config("ppo", None, []), seed=5)
+    assert (plain.top_k, plain.top_p, plain.truncation) == (0, 1.0, None)  # the defaults cut nothing
+    greedy = SamplingConfig(temperature=0.0, top_k=20, top_p=0.9)
+    assert greedy.truncation is None  # vLLM's greedy path takes the argmax of the whole distribution
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingConfig(top_k=-1)
 
 
 def test_sampling_config_from_the_batch_inference_flags():
     opts = parse_config("batch-inference", None, ["--temperature", "0.7", "--top_p", "0.8", "--max_new_tokens", "21",
-                                                  "--best_of_n", "3"])
+                                                  "--best_of_n", "3", "--top_k", "7"])
     cfg = SamplingConfig.from_options(opts, None)
-    assert (cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.n, cfg.seed) == (0.7, 0.8, 21, 3, None)
+    assert (cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.n, cfg.seed) == (0.7, 0.8, 7, 21, 3, None)
     greedy_flags = parse_config("batch-inference", None, ["--temperature", "0.7", "--greedy_sampling"])
     greedy = SamplingConfig.from_options(greedy_flags, 1)
     assert greedy.temperature == 0.0 and greedy.greedy
