@@ -44,7 +44,7 @@ def _run_setup(monkeypatch, cfg) -> dict:
     monkeypatch.setattr(setup, "load_prompts", prompts)
     monkeypatch.setattr(setup, "load_ptx", lambda cfg, tok: seen.setdefault("ptx", real_ptx(cfg, tok)))
 
-    def groups(cfg, plan, worker_cfg, updates, reward_specs, placement, made):
+    def groups(cfg, plan, worker_cfg, updates, reward_specs, placement, made, critic_specs=None):
         seen.update(updates=updates, roles=sorted(placement.groups))
         raise Reached
 
