@@ -71,10 +71,10 @@ def test_the_estimator_of_compute_advantages_clips_and_does_not_whiten_or_discou
     t = _sampled_log_probs(teacher_logits, tokens)
     rewards = torch.tensor([20.0, 0.0, 0.0, 0.0], dtype=torch.float64)
     adv, ret = compute_advantages_and_returns("on_policy_distill", rewards, mask, n_samples_per_prompt=1,
-                                              student_log_probs=s, teacher_log_probs=t, opd_kl_coef=1.0,
+                                              student_log_probs=s, teacher_log_probs=t, opd_kl_coef=0.5,
                                               opd_reward_weight=0.1, reward_clip_range=(-10.0, 10.0), gamma=1.0)
-    assert float(adv[0, 0]) == pytest.approx(float(t[0, 0] - s[0, 0]) + 0.1 * 10.0, abs=1e-12)  # clipped to 10
-    assert float(adv[1, 2]) == pytest.approx(float(t[1, 2] - s[1, 2]), abs=1e-12)  # its own token only
+    assert float(adv[0, 0]) == pytest.approx(0.5 * float(t[0, 0] - s[0, 0]) + 0.1 * 10.0, abs=1e-12)  # clipped
+    assert float(adv[1, 2]) == pytest.approx(0.5 * float(t[1, 2] - s[1, 2]), abs=1e-12)  # its own token only
     assert torch.equal(adv, ret)
     with pytest.raises(ValueError, match="student's and the teacher's log-probs"):
         compute_advantages_and_returns("on_policy_distill", rewards, mask)

@@ -61,6 +61,10 @@ def test_the_distillation_flags_need_the_estimator():
                                           r"but --advantage_estimator is group_norm"):
         validate_rl(cfg(**BASE, advantage_estimator="group_norm", n_samples_per_prompt=2, teacher_model="t",
                         opd_reward_weight=0.5))
+    with pytest.raises(ConfigError, match=r"--opd_kl_coef 2.0: on-policy distillation flags"):
+        validate_rl(cfg(**BASE, opd_kl_coef=2.0))
+    with pytest.raises(ConfigError, match=r"--opd_kl_coef -1.0: the weight of the reverse-KL term must be > 0"):
+        validate_rl(cfg(**OPD, opd_kl_coef=-1.0))
 
 
 @pytest.fixture(scope="module")
