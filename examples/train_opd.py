@@ -69,7 +69,7 @@ def main(out: Path) -> None:
             "--apply_chat_template", "--remote_rm_url", "builtin:exact", "--n_samples_per_prompt", "4",
             "--rollout_batch_size", "8", "--train_batch_size", "32", "--micro_train_batch_size", "8",
             "--micro_rollout_batch_size", "16", "--generate_max_len", "16", "--prompt_max_len", "64",
-            "--max_samples", "64", "--actor_learning_rate", "2e-6", "--lr_warmup_ratio", "0",
+            "--max_samples", "64", "--actor_learning_rate", "1e-5", "--lr_warmup_ratio", "0",
             "--param_dtype", "fp32", "--vllm_dtype", "fp32", "--seed", "1", "--run_dir", str(out / "opd_run"),
             "--save_path", str(out / "student"))
     after = measure(str(out / "student"), str(teacher), held_out)
