@@ -14,7 +14,7 @@ import torch.distributed as dist
 from .normalize import as_bool_mask, compute_dtype, masked_whiten
 from .rewards import clip_rewards, shape_rewards
 
-ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo")
+ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo", "on_policy_distill")
 GROUP_ESTIMATORS = ("reinforce_baseline", "group_norm", "dr_grpo", "rloo")
 WHITENED_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline")
 
@@ -110,6 +110,43 @@ def group_normalize(rewards: torch.Tensor, n_samples_per_prompt: int, eps: float
     return out.view(-1).to(compute_dtype(rewards))
 
 
+def on_policy_distill_advantages(
+    student_log_probs: torch.Tensor,
+    teacher_log_probs: torch.Tensor,
+    action_mask: torch.Tensor,
+    rewards: torch.Tensor | None = None,
+    *,
+    kl_coef: float = 1.0,
+    reward_weight: float = 0.0,
+    n_samples_per_prompt: int = 1,
+) -> torch.Tensor:
+    """On-policy distillation (``--advantage_estimator on_policy_distill``): per valid token ``t`` of a response
+    the student sampled,
+
+    ``A_t = kl_coef * (log pi_teacher(y_t) - log pi_student_old(y_t)) + reward_weight * A_task``
+
+    i.e. ``-kl_coef`` times the sampled reverse KL ``log pi_student(y_t) - log pi_teacher(y_t)`` (whose expectation
+    under the student is ``KL(pi_student || pi_teacher)`` at that position). Discount 0: each token gets only its
+    own term (no reward-to-go), no whitening, no critic. ``A_task`` is the sequence reward ``r`` (already clipped)
+    broadcast to every valid token; with ``n_samples_per_prompt >= 2`` it is ``r - mean_g r`` (the group-mean
+    baseline of Dr. GRPO; 0 for a constant group). ``reward_weight = 0`` (pure distillation) reads no reward.
+    Masked positions get 0. Computed in float64 when any input is float64, else float32.
+    """
+    m = as_bool_mask(action_mask, student_log_probs)
+    for name, t in (("student_log_probs", student_log_probs), ("teacher_log_probs", teacher_log_probs)):
+        if t.shape != action_mask.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, the action mask {tuple(action_mask.shape)}")
+    dtype = torch.promote_types(compute_dtype(student_log_probs), compute_dtype(teacher_log_probs))
+    advantages = kl_coef * (teacher_log_probs.to(dtype) - student_log_probs.to(dtype))
+    if reward_weight != 0.0:
+        if rewards is None or rewards.shape != action_mask.shape[:1]:
+            raise ValueError(f"--opd_reward_weight {reward_weight} needs sequence rewards [batch], got "
+                             f"{None if rewards is None else tuple(rewards.shape)}")
+        task = group_mean_baseline(rewards, n_samples_per_prompt) if n_samples_per_prompt >= 2 else rewards
+        advantages = advantages + reward_weight * task.to(dtype)[:, None]
+    return torch.where(m, advantages, torch.zeros((), dtype=dtype, device=advantages.device))
+
+
 def _check_shapes(rewards: torch.Tensor, action_mask: torch.Tensor, **token_tensors) -> None:
     if action_mask.dim() != 2 or rewards.shape != action_mask.shape[:1]:
         raise ValueError(
@@ -135,6 +172,10 @@ def compute_advantages_and_returns(
     std_norm: bool = True,
     group_eps: float = 1e-6,
     process_group: dist.ProcessGroup | None = None,
+    student_log_probs: torch.Tensor | None = None,
+    teacher_log_probs: torch.Tensor | None = None,
+    opd_kl_coef: float = 1.0,
+    opd_reward_weight: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns ``[batch, response_len]`` (0 at masked positions) for ``--advantage_estimator``.
 
@@ -146,12 +187,22 @@ def compute_advantages_and_returns(
     5. ``gae``, ``reinforce``, ``reinforce_baseline``: ``A <- (A - mu) / sqrt(var)`` over all valid tokens of the
        batch on every rank of ``process_group`` (``std_norm=False``, i.e. ``--no_advantage_std_norm``: ``A - mu``).
        ``group_norm``, ``dr_grpo`` and ``rloo`` are left as they are. Returns are never whitened.
+
+    ``on_policy_distill`` skips steps 2-5: ``A = G = on_policy_distill_advantages(student_log_probs,
+    teacher_log_probs, mask, clip(rewards), opd_kl_coef, opd_reward_weight)`` (``kl``/``values`` unused).
     """
     if estimator not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"--advantage_estimator must be one of {ADVANTAGE_ESTIMATORS}, got {estimator!r}")
     _check_shapes(rewards, action_mask, values=values, kl=kl)
     m = as_bool_mask(action_mask, action_mask)
     r = clip_rewards(rewards, reward_clip_range)
+    if estimator == "on_policy_distill":
+        if student_log_probs is None or teacher_log_probs is None:
+            raise ValueError("--advantage_estimator on_policy_distill needs the student's and the teacher's log-probs")
+        advantages = on_policy_distill_advantages(student_log_probs, teacher_log_probs, m, r, kl_coef=opd_kl_coef,
+                                                  reward_weight=opd_reward_weight,
+                                                  n_samples_per_prompt=n_samples_per_prompt)
+        return advantages, advantages.clone()
     if estimator in ("reinforce_baseline", "dr_grpo"):
         r = group_mean_baseline(r, n_samples_per_prompt)
     elif estimator == "group_norm":

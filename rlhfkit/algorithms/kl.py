@@ -102,3 +102,19 @@ def kl_loss(
         weighted = (rho * kl).detach() + rho * r * score
         kl = torch.where(as_bool_mask(action_mask, kl), weighted, torch.zeros((), dtype=kl.dtype, device=kl.device))
     return aggregate_loss(kl, action_mask, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
+
+
+def full_reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Exact per-position reverse KL over the whole vocabulary, ``[..., len]`` from logits ``[..., len, vocab]``:
+    ``KL(p_s || p_t) = sum_v p_s(v) (log p_s(v) - log p_t(v))`` with ``p = softmax(logits)`` (in float32 or wider);
+    0 at masked positions. The quantity on-policy distillation's sampled signal estimates (held-out evaluation)."""
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(f"logit shapes differ: {tuple(student_logits.shape)} vs {tuple(teacher_logits.shape)}: "
+                         "the two models must share the vocabulary")
+    dtype = torch.promote_types(compute_dtype(student_logits), compute_dtype(teacher_logits))
+    log_s = torch.log_softmax(student_logits.to(dtype), dim=-1)
+    log_t = torch.log_softmax(teacher_logits.to(dtype), dim=-1)
+    kl = (log_s.exp() * (log_s - log_t)).sum(-1)
+    m = as_bool_mask(mask, kl)
+    return torch.where(m, kl, torch.zeros((), dtype=kl.dtype, device=kl.device))

@@ -41,6 +41,7 @@ from rlhfkit.config.method_options import (
     ReferenceLogpOptions,
     RefPretrainOptions,
     RMOptions,
+    TeacherModelOptions,
 )
 from rlhfkit.config.optim_options import RoleOptimOptions
 from rlhfkit.config.options import (
@@ -211,9 +212,9 @@ class KTOConfig(KTOOptions, ReferenceLogpOptions, RefPretrainOptions, LabelKeyOp
 
 @dataclass
 @command_class
-class KDConfig(KDOptions, PretrainModeOptions, OfflineConfig):
+class KDConfig(KDOptions, TeacherModelOptions, PretrainModeOptions, OfflineConfig):
     command: ClassVar[str] = "kd"
-    GROUPS: ClassVar[tuple[type, ...]] = (KDOptions, PretrainModeOptions, *_OFFLINE)
+    GROUPS: ClassVar[tuple[type, ...]] = (TeacherModelOptions, KDOptions, PretrainModeOptions, *_OFFLINE)
 
 
 @dataclass
@@ -227,14 +228,14 @@ class PRMConfig(PRMOptions, LabelKeyOptions, OfflineConfig):
 @command_class
 class PPOConfig(PlacementOptions, RayOptions, RolloutOptions, VLLMEngineOptions, SamplingOptions, RLAlgorithmOptions,
                 RewardOptions, RewardSourceOptions, RewardCombineOptions, ValueHeadOptions, RefPretrainOptions,
-                RemoteRewardOptions, PromptDataOptions, InputOptions, MaxLenOptions, LabelKeyOptions, VisionOptions,
-                RoleOptimOptions, TrainingConfig):
+                TeacherModelOptions, RemoteRewardOptions, PromptDataOptions, InputOptions, MaxLenOptions,
+                LabelKeyOptions, VisionOptions, RoleOptimOptions, TrainingConfig):
     command: ClassVar[str] = "ppo"
     GROUPS: ClassVar[tuple[type, ...]] = (
         PlacementOptions, RayOptions, RolloutOptions, VLLMEngineOptions, SamplingOptions, RLAlgorithmOptions,
         RewardOptions, RewardSourceOptions, RewardCombineOptions, ValueHeadOptions, RefPretrainOptions,
-        RemoteRewardOptions, PromptDataOptions, InputOptions, MaxLenOptions, LabelKeyOptions, EvalDataOptions,
-        VisionOptions, *_TRAIN_HEAD, TrainOptions, RoleOptimOptions, CheckpointOptions, LoggingOptions)
+        TeacherModelOptions, RemoteRewardOptions, PromptDataOptions, InputOptions, MaxLenOptions, LabelKeyOptions,
+        EvalDataOptions, VisionOptions, *_TRAIN_HEAD, TrainOptions, RoleOptimOptions, CheckpointOptions, LoggingOptions)
 
 
 @dataclass

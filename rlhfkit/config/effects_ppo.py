@@ -28,6 +28,9 @@ _UNIT = "tests/algorithms/test_recent_methods.py"
 _VISION = "tests/rl/test_vision_batch.py"
 _SEED = "tests/config/test_seed_flags.py::"
 VISION_E2E = "tests/rl/test_ppo_vision.py::test_grpo_on_images_runs_stays_on_policy_and_keeps_the_frozen_tower"
+_OPD = "tests/rl/test_on_policy_distill.py::"
+_OPD_UNIT = "tests/algorithms/test_on_policy_distill.py::"
+_OPD_CONFIG = "tests/config/test_on_policy_distill.py::"
 VISION_DATA = f"{_VISION}::test_image_prompts_load_and_a_bad_row_is_an_error_naming_the_file_row_and_key"
 
 _REPLAY = "tests/rl/test_rollout_replay.py::"
@@ -53,9 +56,32 @@ PPO_EFFECTS: dict[str, Effect] = {
         "writes <run_dir>/debug/step_<N>.pt for exactly the steps asked for (2 of 2; 'all'), holding the experience "
         "and every micro-batch's tensors; bad values are refused"),
     "ppo:advantage_estimator": Tested(
-        (GAE, REINFORCE, BASELINE, GROUP_NORM, RLOO, DR_GRPO),
+        (GAE, REINFORCE, BASELINE, GROUP_NORM, RLOO, DR_GRPO, f"{_OPD}test_one_step_against_a_float64_reference",
+         f"{_OPD}test_the_student_moves_toward_the_teacher"),
         "each estimator's formula (GAE, discounted returns, group mean / group norm / leave-one-out baselines, "
-        "batch whitening where it applies) on the logged rewards and values gives the logged advantages and returns"),
+        "batch whitening where it applies) on the logged rewards and values gives the logged advantages and returns; "
+        "on_policy_distill: each token's advantage is log pi_teacher - log pi_student (float64 from logits) and the "
+        "student's held-out reverse KL to the teacher falls"),
+    "ppo:teacher_model": Tested(
+        (f"{_OPD}test_the_student_moves_toward_the_teacher", f"{_OPD}test_one_step_against_a_float64_reference",
+         f"{_OPD_CONFIG}test_the_teacher_is_the_reference_role_"
+         "and_no_reference_kl_is_kept", f"{_OPD_CONFIG}test_a_teacher_with_another_tokenizer_is_refused_naming_both"),
+        "the reference role loads this model and its log-probs (equal to transformers' in float64) make the "
+        "advantages: the student's held-out reverse KL to it falls; a teacher with another tokenizer stops the run "
+        "naming both models"),
+    "ppo:opd_kl_coef": Tested(
+        (f"{_OPD}test_one_step_against_a_float64_reference",
+         f"{_OPD_UNIT}test_the_estimator_of_compute_advantages_clips_and_does_not_whiten_or_discount",
+         f"{_OPD_CONFIG}test_the_distillation_flags_need_the_estimator"),
+        "0.5: each token's advantage in a real run is 0.5 x (log pi_teacher - log pi_student) (+ the reward term), "
+        "both log-probs recomputed with transformers in float64; <= 0 is refused, and so is a value without "
+        "on_policy_distill"),
+    "ppo:opd_reward_weight": Tested(
+        (f"{_OPD}test_one_step_against_a_float64_reference",
+         f"{_OPD_UNIT}test_the_estimator_of_compute_advantages_clips_and_does_not_whiten_or_discount",
+         f"{_OPD}test_it_runs_async_and_colocated", f"{_OPD_CONFIG}test_the_distillation_flags_need_the_estimator"),
+        "0.5: every token's advantage in a real run gains 0.5 x (r - group mean r) (float64 reference, a non-zero "
+        "reward term); refused without on_policy_distill"),
     "ppo:gamma": Tested(
         (GAE, REINFORCE, GAMMA_REFUSED),
         "gamma 0.9 in GAE and 0.7 in REINFORCE returns: the recomputed returns match and differ from gamma 1; "

@@ -218,7 +218,7 @@ TRAIN_EFFECTS: dict[str, Effect] = {
     "pretrain_mode": _t("loss on every token", _SFT_DATA + "test_pretrain_mode_trains_every_token"),
     "csft_keys": _t("the row's attribute values put before the prompt; the condition steers generation",
                     "tests/e2e/test_csft.py::test_the_condition_steers_the_output"),
-    "teacher_model": _t("the teacher of the KL term", "tests/e2e/test_kd.py::test_student_kl_to_teacher_falls"),
+    "kd:teacher_model": _t("the teacher of the KL term", "tests/e2e/test_kd.py::test_student_kl_to_teacher_falls"),
     "kd_coef": _t("loss = (1 - kd_coef) NLL + kd_coef KL", "tests/e2e/test_kd.py::test_student_kl_to_teacher_falls",
                   _LOSSES + "test_kd_loss_equals_reference_function"),
     "teacher_offload": NoEffect(_CUDA_ONLY),

@@ -76,10 +76,21 @@ class KTOOptions:
 
 
 @dataclass
+class TeacherModelOptions:
+    """Teacher model (kd, ppo)"""
+
+    teacher_model: str | None = opt(None, "teacher model (same tokenizer/vocabulary as --pretrain)",
+                                    command_help={"ppo": "on-policy distillation (--advantage_estimator "
+                                                         "on_policy_distill): the frozen teacher that scores every "
+                                                         "sampled token, loaded in the reference role "
+                                                         "(--ref_num_nodes ...); same tokenizer as --pretrain, "
+                                                         "checked at start; unset: --ref_pretrain (Molt's way)"})
+
+
+@dataclass
 class KDOptions:
     """Knowledge distillation"""
 
-    teacher_model: str | None = opt(None, "teacher model (same tokenizer/vocabulary as --pretrain)")
     kd_coef: float = opt(0.4, "loss = (1 - kd_coef) * SFT NLL + kd_coef * KL(teacher || student), token means")
     teacher_offload: bool = opt(False, "keep the teacher's parameters on CPU between forwards (CUDA only)")
 

@@ -7,7 +7,10 @@ re-derive from the raw flags:
 - `group_estimator`: the estimator compares the samples of a prompt (reinforce_baseline, group_norm, dr_grpo,
   rloo), so it needs `--n_samples_per_prompt >= 2` and undiscounted returns;
 - `kl_mode`: "off" (`--init_kl_coef` 0: no reference model), "penalty" (the KL is subtracted from the rewards) or
-  "loss" (`--use_kl_loss`: the KL is a term of the policy loss); `needs_ref` is `kl_mode != "off"`;
+  "loss" (`--use_kl_loss`: the KL is a term of the policy loss); always "off" with `--advantage_estimator
+  on_policy_distill`, whose reference role holds the teacher instead;
+- `distill`: on-policy distillation (`on_policy_distill`); `needs_ref` is `kl_mode != "off" or distill`, and
+  `reference_model(cfg)` is what the reference role loads (the teacher, or --ref_pretrain / --pretrain);
 - the world size of each role (`--<role>_num_nodes x --<role>_num_gpus_per_node`);
 - `sync_transport`: the weight transport `--vllm_sync_backend` means on this cluster (ray, gloo or nccl), once the
   driver knows whether the cluster has GPUs (`resolve_plan(cfg, has_gpus)`), else None; nccl on a cluster without
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rlhfkit.config.commands import PPOConfig
-from rlhfkit.config.rl_options import PlacementOptions
+from rlhfkit.config.rl_options import PlacementOptions, RLAlgorithmOptions
 from rlhfkit.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -29,6 +32,7 @@ logger = logging.getLogger(__name__)
 # The estimators whose baseline is the other samples of the same prompt (rlhfkit.algorithms.advantages keeps the
 # same tuple: algorithms imports nothing of ours; tests/config/test_plan.py checks that the two agree).
 GROUP_ESTIMATORS = ("reinforce_baseline", "group_norm", "dr_grpo", "rloo")
+DISTILL_ESTIMATOR = "on_policy_distill"
 ROLES = ("actor", "ref", "critic", "reward")
 KLMode = Literal["off", "penalty", "loss"]
 
@@ -60,11 +64,12 @@ class RLPlan:
     kl_mode: KLMode
     layout: tuple[tuple[str, int, int], ...]   # (role, nodes, ranks per node) for each of ROLES
     sync_transport: str | None = None          # ray | gloo | nccl once resolved against the cluster
+    distill: bool = False                      # on_policy_distill: the reference role holds the teacher
 
     @property
     def needs_ref(self) -> bool:
-        """A reference model is loaded: the KL is a penalty or a loss."""
-        return self.kl_mode != "off"
+        """A reference model is loaded: the KL is a penalty or a loss, or the role scores as the teacher."""
+        return self.kl_mode != "off" or self.distill
 
     def nodes(self, role: str) -> int:
         return self._row(role)[1]
@@ -91,6 +96,28 @@ def kl_mode_of(init_kl_coef: float, use_kl_loss: bool) -> KLMode:
     return "loss" if use_kl_loss else "penalty"
 
 
+def run_kl_mode(cfg: RLAlgorithmOptions) -> KLMode:
+    """The run's KL to a reference: `kl_mode_of` the flags, "off" with on_policy_distill (the reference role holds
+    the teacher, whose log-ratio is the advantage itself)."""
+    if cfg.advantage_estimator == DISTILL_ESTIMATOR:
+        return "off"
+    return kl_mode_of(cfg.init_kl_coef, bool(cfg.use_kl_loss))
+
+
+def reference_model(cfg: PPOConfig) -> str:
+    """What the reference role loads: with on_policy_distill the teacher (--teacher_model, else --ref_pretrain;
+    validate_rl refuses a run with neither), otherwise --ref_pretrain, else --pretrain."""
+    if cfg.advantage_estimator == DISTILL_ESTIMATOR:
+        teacher = cfg.teacher_model or cfg.ref_pretrain
+        if not teacher:
+            raise ConfigError("--advantage_estimator on_policy_distill needs a teacher: --teacher_model PATH (or "
+                              "--ref_pretrain PATH); the student (--pretrain) cannot be its own teacher")
+        return teacher
+    if cfg.pretrain is None:
+        raise ConfigError("--pretrain is required")
+    return cfg.ref_pretrain or cfg.pretrain
+
+
 def role_layout(cfg: PlacementOptions) -> tuple[tuple[str, int, int], ...]:
     """(role, --<role>_num_nodes, --<role>_num_gpus_per_node) for each of ROLES, in that order."""
     return (("actor", int(cfg.actor_num_nodes), int(cfg.actor_num_gpus_per_node)),
@@ -106,5 +133,5 @@ def resolve_plan(cfg: PPOConfig, has_gpus: bool | None = None) -> RLPlan:
     transport = None if has_gpus is None else \
         resolve_sync_backend(cfg.vllm_sync_backend, has_gpus, bool(cfg.colocate_all_models))
     return RLPlan(estimator=estimator, needs_critic=estimator == "gae", group_estimator=estimator in GROUP_ESTIMATORS,
-                  kl_mode=kl_mode_of(cfg.init_kl_coef, bool(cfg.use_kl_loss)), layout=layout,
-                  sync_transport=transport)
+                  kl_mode=run_kl_mode(cfg), layout=layout, sync_transport=transport,
+                  distill=estimator == DISTILL_ESTIMATOR)

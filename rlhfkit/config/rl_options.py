@@ -100,8 +100,18 @@ class RolloutOptions:
 class RLAlgorithmOptions:
     """Algorithm"""
 
-    advantage_estimator: str = opt("gae", "advantage estimator", choices=["gae", "reinforce", "reinforce_baseline",
-                                                                          "group_norm", "dr_grpo", "rloo"])
+    advantage_estimator: str = opt("gae", "advantage estimator; on_policy_distill: on-policy distillation, the "
+                                          "advantage of each sampled token is --opd_kl_coef x (log pi_teacher - log "
+                                          "pi_student) (the negative sampled reverse KL to --teacher_model) plus "
+                                          "--opd_reward_weight x the task advantage; no critic (docs/algorithms.md)",
+                                   choices=["gae", "reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo",
+                                            "on_policy_distill"])
+    opd_kl_coef: float = opt(1.0, "on_policy_distill: weight of the per-token reverse-KL term (slime's "
+                                  "--opd-kl-coef); > 0")
+    opd_reward_weight: float = opt(0.0, "on_policy_distill: weight of the task advantage added to every token "
+                                        "(the clipped sequence reward, minus its group mean with "
+                                        "--n_samples_per_prompt >= 2); 0: pure distillation, the reward is only "
+                                        "logged")
     num_episodes: int = opt(1, "passes over the prompt set")
     actor_learning_rate: float = opt(1e-6, "policy learning rate")
     critic_learning_rate: float = opt(9e-6, "critic learning rate")

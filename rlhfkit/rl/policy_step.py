@@ -13,7 +13,7 @@ from rlhfkit.algorithms.kl import compute_kl, kl_loss
 from rlhfkit.algorithms.normalize import masked_mean
 from rlhfkit.algorithms.offpolicy import importance_weights
 from rlhfkit.algorithms.policy_loss import ppo_policy_loss
-from rlhfkit.config.plan import kl_mode_of
+from rlhfkit.config.plan import run_kl_mode
 from rlhfkit.config.rl_options import RLAlgorithmOptions
 from rlhfkit.observability.metrics import merge_metrics
 
@@ -64,7 +64,7 @@ def policy_loss(cfg: RLAlgorithmOptions, mb: dict[str, torch.Tensor], log_probs:
                                     policy_loss_type=cfg.policy_loss_type, **agg)
     if ratio_base is not old:  # GSPO + IS: the ratio is the engine's, train/approx_kl stays mean(log pi_old - log pi)
         metrics["approx_kl"] = masked_mean(old - log_probs.detach(), mask)
-    if kl_mode_of(cfg.init_kl_coef, cfg.use_kl_loss) == "loss":
+    if run_kl_mode(cfg) == "loss":
         kl_term = kl_loss(log_probs, mb["ref_log_probs"], mask, cfg.kl_estimator, num_tokens=num_tokens,
                           old_log_probs=old if cfg.use_unbiased_kl else None)
         loss = loss + kl_coef * kl_term

@@ -15,7 +15,7 @@ import torch
 from rlhfkit.agents.environment import AgentSpec, load_agent
 from rlhfkit.algorithms.rewards import AdaptiveKLController, FixedKLController
 from rlhfkit.config.commands import PPOConfig, PrecisionRecord
-from rlhfkit.config.plan import RLPlan, resolve_plan
+from rlhfkit.config.plan import DISTILL_ESTIMATOR, RLPlan, reference_model, resolve_plan
 from rlhfkit.config.rl_options import prompt_bound
 from rlhfkit.config.validate import need
 from rlhfkit.data.prompts import build_prompt_samples
@@ -25,6 +25,7 @@ from rlhfkit.errors import ConfigError, RemoteCallError
 from rlhfkit.launch.preflight import preflight
 from rlhfkit.launch.ray_cluster import cluster_has_gpus, start_ray
 from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_ids
+from rlhfkit.models.vocabulary import check_same_tokenizer
 from rlhfkit.observability.mfu import FlopModel
 from rlhfkit.observability.placement import record_placement
 from rlhfkit.observability.run import prepare_run_dir, record_resume
@@ -174,7 +175,7 @@ def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: PPOConfig, total_updates: 
     ref = None
     if need_ref:
         ref = group("ref", "ref")
-        pending.append((ref, ("init_model", cfg.ref_pretrain or cfg.pretrain, False)))
+        pending.append((ref, ("init_model", resolve_pretrain(reference_model(cfg)), False)))
     critic = None
     if has_critic:
         critic = group("critic", "critic")
@@ -304,6 +305,9 @@ def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = No
     replay = bool(cfg.rollout_replay_dir)
     if replay:
         engines = []
+    if cfg.advantage_estimator == DISTILL_ESTIMATOR:  # the teacher scores the student's token ids
+        check_same_tokenizer(need(cfg.pretrain, "--pretrain"), reference_model(cfg),
+                             teacher_flag="--teacher_model" if cfg.teacher_model else "--ref_pretrain")
     set_remote_call_timeout(cfg.remote_call_timeout)  # every remote call's deadline (rlhfkit.rollout.remote)
     set_engine_hang_timeout(cfg.engine_hang_timeout)  # engines probed while a call runs (rlhfkit.rollout.remote)
     preflight(cfg, engines)  # model context, host devices and RAM, the user's .py files: before Ray starts
@@ -415,7 +419,10 @@ def _check_engine_colocation(cfg: PPOConfig, plan: RLPlan, create_engines: bool)
 def _summary(s: RLSetup, reward_specs: list[str], updates: int, precision: PrecisionRecord) -> dict[str, Any]:
     """The derived-quantities table printed at the start of the run (`print_derived_table`)."""
     cfg, actor, ref, critic = s.cfg, s.actor, s.ref, s.critic
-    summary = {"actor ranks": actor.world_size, "reference": ref.world_size if ref else "off (init_kl_coef 0)",
+    reference = ref.world_size if ref else "off (init_kl_coef 0)"
+    if ref is not None and cfg.advantage_estimator == DISTILL_ESTIMATOR:
+        reference = f"{ref.world_size} x teacher {reference_model(cfg)}"
+    summary = {"actor ranks": actor.world_size, "reference": reference,
                "critic": critic.world_size if critic else "off",
                "reward models": ", ".join(f"{g.world_size} x {spec}" for spec, g in zip(reward_specs, s.rewards))
                or "none", "reward": _reward_name(s), "placement": _layout(cfg),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.optim_options import validate_optim
-from rlhfkit.config.plan import RLPlan, resolve_plan
+from rlhfkit.config.plan import DISTILL_ESTIMATOR, RLPlan, reference_model, resolve_plan
 from rlhfkit.config.validate import check_loader_workers, require
 from rlhfkit.engine.ema import validate_ema
 from rlhfkit.errors import ConfigError
@@ -62,6 +62,7 @@ def validate_rl(cfg: PPOConfig) -> None:
                           "needs a 4D block mask, which only sdpa and eager honour; use one of them, or drop "
                           "--packing_samples")
     _validate_algorithm_flags(cfg)
+    _validate_distill(cfg)
     validate_ema(cfg)
     if cfg.dynamic_filtering and cfg.n_samples_per_prompt < 2:
         raise ConfigError("--dynamic_filtering needs --n_samples_per_prompt >= 2")
@@ -163,6 +164,37 @@ def _validate_algorithm_flags(cfg: PPOConfig) -> None:
     coef = cfg.stop_properly_penalty_coef
     if coef is not None and coef > 1:
         raise ConfigError(f"--stop_properly_penalty_coef {coef}: a scale in [0, 1], or a fixed reward < 0")
+
+
+def _validate_distill(cfg: PPOConfig) -> None:
+    """On-policy distillation's flags (--advantage_estimator on_policy_distill): a teacher, named once, and none of
+    the reference-KL flags (the reference role holds the teacher); its flags refused on other estimators."""
+    opd_flags = [f"--{name} {value}" for name, value, default in (("teacher_model", cfg.teacher_model, None),
+                                                                  ("opd_kl_coef", cfg.opd_kl_coef, 1.0),
+                                                                  ("opd_reward_weight", cfg.opd_reward_weight, 0.0))
+                 if value != default]
+    if cfg.advantage_estimator != DISTILL_ESTIMATOR:
+        if opd_flags:
+            raise ConfigError(f"{', '.join(opd_flags)}: on-policy distillation flags, but --advantage_estimator is "
+                              f"{cfg.advantage_estimator}: add --advantage_estimator on_policy_distill, or drop them")
+        return
+    if cfg.teacher_model and cfg.ref_pretrain:
+        raise ConfigError(f"--teacher_model {cfg.teacher_model} and --ref_pretrain {cfg.ref_pretrain}: with "
+                          "on_policy_distill the reference role loads the teacher, so give it once (--teacher_model)")
+    reference_model(cfg)  # ConfigError without a teacher
+    if cfg.use_kl_loss or cfg.kl_target is not None:
+        given = "--use_kl_loss" if cfg.use_kl_loss else f"--kl_target {cfg.kl_target}"
+        raise ConfigError(f"{given} with --advantage_estimator on_policy_distill: the reference role holds the "
+                          "teacher, and the reverse KL to it is already the advantage (weighted by --opd_kl_coef); "
+                          f"drop {given.split()[0]}")
+    if cfg.gamma != 1.0:
+        raise ConfigError(f"--gamma {cfg.gamma} with --advantage_estimator on_policy_distill: each token's "
+                          "advantage is its own teacher log-ratio (discount 0, no reward-to-go); drop --gamma")
+    if cfg.opd_kl_coef <= 0:
+        raise ConfigError(f"--opd_kl_coef {cfg.opd_kl_coef}: the weight of the reverse-KL term must be > 0 (for "
+                          "task reward alone, use group_norm or another estimator)")
+    if cfg.opd_reward_weight < 0:
+        raise ConfigError(f"--opd_reward_weight {cfg.opd_reward_weight}: must be >= 0 (0: pure distillation)")
 
 
 def _validate_colocation(cfg: PPOConfig, plan: RLPlan) -> None:
