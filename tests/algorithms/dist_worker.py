@@ -31,6 +31,7 @@ def compute(inp: dict, rows: slice, group) -> dict:
             out[f"{est}/{std_norm}"] = compute_advantages_and_returns(
                 est, rewards, mask, n_samples_per_prompt=inp["n"], values=values, kl=kl, kl_coef=0.05,
                 gamma=0.99, lambd=0.95, std_norm=std_norm, process_group=group,
+                student_log_probs=x, teacher_log_probs=values,  # on_policy_distill reads these two
             )
     out["whiten32"] = masked_whiten(x.float(), mask, process_group=group)
     out["kto_z"] = kto_reference_kl(x[:, 2], x[:, 3] - 1.0, process_group=group)
