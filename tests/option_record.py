@@ -22,6 +22,7 @@ Environment:
 - RLHFKIT_REVERT_OPTIONS: comma-separated `command:flag` pairs forced back to the default: a config's field is reset
   after it is built, a refused flag is taken off the command line before parsing, an argparse command's value is reset
   after parsing, and a subprocess's command line loses the flag.
+- RLHFKIT_REVERT_PLAN: a JSON file {node id: ["command:flag", ...]}: the same, per test.
 """
 
 from __future__ import annotations
@@ -40,16 +41,27 @@ from typing import Any
 
 RECORD_ENV = "RLHFKIT_OPTION_RECORD"
 REVERT_ENV = "RLHFKIT_REVERT_OPTIONS"
+REVERT_PLAN_ENV = "RLHFKIT_REVERT_PLAN"
 RECORD_VERSION = 1
 
 
-def _reverted() -> dict[str, set[str]]:
-    """command -> the flags forced back to their defaults (RLHFKIT_REVERT_OPTIONS)."""
+def _reverted(items: Any) -> dict[str, set[str]]:
+    """command -> the flags forced back to their defaults, from `command:flag` strings."""
     out: dict[str, set[str]] = {}
-    for item in filter(None, (s.strip() for s in os.environ.get(REVERT_ENV, "").split(","))):
+    for item in filter(None, (s.strip() for s in items)):
         command, _, flag = item.rpartition(":")
         out.setdefault(command, set()).add(flag)
     return out
+
+
+def _revert_plan() -> dict[str, dict[str, set[str]]]:
+    """node id (without parametrisation) -> its own forced defaults: RLHFKIT_REVERT_PLAN names a JSON file
+    {node id: ["command:flag", ...]} (tools/revert_check.py: one pytest session reverts a different option in each
+    test)."""
+    path = os.environ.get(REVERT_PLAN_ENV)
+    if not path:
+        return {}
+    return {node: _reverted(items) for node, items in json.loads(Path(path).read_text()).items()}
 
 
 def _field_default(f: dataclasses.Field) -> Any:
@@ -100,9 +112,20 @@ class OptionRecorder:
         self.path = path
         self.current: str | None = None
         self.tests: dict[str, dict[str, Any]] = {}
-        self.revert = _reverted()
+        self.revert_everywhere = _reverted(os.environ.get(REVERT_ENV, "").split(","))
+        self.plan = _revert_plan()
+        self.quiet = False
         self._undo: list[tuple[Any, str, Any]] = []
         self._parse_config: Any = None
+
+    @property
+    def revert(self) -> dict[str, set[str]]:
+        """What the running test forces back to the default (nothing while a subprocess's argv is parsed here)."""
+        if self.quiet:
+            return {}
+        if self.current is not None and self.plan:
+            return self.plan.get(self.current.split("[", 1)[0], {})
+        return self.revert_everywhere
 
     # ---- bookkeeping
     def note(self, command: str, flags: Any) -> None:
@@ -226,7 +249,7 @@ class OptionRecorder:
         """Record what a subprocess's command line sets, by parsing it here (errors are the subprocess's to report)."""
         from rlhfkit.config.commands import CONFIG_CLASSES
 
-        saved, self.revert = self.revert, {}  # the subprocess's argv is already stripped
+        self.quiet = True  # the subprocess's argv is already stripped
         try:
             with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
                 if command in CONFIG_CLASSES:
@@ -240,7 +263,7 @@ class OptionRecorder:
         except BaseException:  # noqa: BLE001 - a bad command line is the subprocess's error, not the record's
             pass
         finally:
-            self.revert = saved
+            self.quiet = False
 
     # ---- the file
     def write(self) -> None:
@@ -293,7 +316,7 @@ def pytest_configure(config: Any) -> None:
         target = Path(config.cache.mkdir("rlhfkit")) / "option_record.json"
     else:
         target = None
-    if target is None and not os.environ.get(REVERT_ENV):
+    if target is None and not os.environ.get(REVERT_ENV) and not os.environ.get(REVERT_PLAN_ENV):
         return
     _recorder = OptionRecorder(target)
     _recorder.install()
