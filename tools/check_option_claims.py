@@ -25,6 +25,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_RECORD = REPO / ".pytest_cache" / "d" / "rlhfkit" / "option_record.json"
+# Entries known to fail the check, each to be fixed (a cited test that sets the option, through the config) and then
+# struck from the list; one registry key a line, '#' comments. A listed entry that passes fails the check (strike it).
+KNOWN = REPO / "tools" / "option_claims_unproven.txt"
+
+
+def known_unproven(path: Path = KNOWN) -> set[str]:
+    if not path.is_file():
+        return set()
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return {line for line in lines if line}
 
 
 @dataclass
@@ -63,8 +73,8 @@ def entry_targets() -> dict[str, set[tuple[str, str]]]:
     for command, names in flag_spellings().items():
         for name, dest in names.items():  # the key effect_of resolves: the command's own first, then the shared
             key = f"{command}:{name}" if f"{command}:{name}" in entries else name
-            if key in entries:
-                out[key].add((command, dest))
+            if key in entries:  # set through its flag (the dest) or refused under this name
+                out[key] |= {(command, dest), (command, name)}
     return out
 
 
@@ -128,11 +138,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no option record at {path}: run the test suite first (make test test-slow)", file=sys.stderr)
         return 2
     verdicts = check(json.loads(path.read_text()))
+    known = known_unproven()
+    for v in verdicts:
+        if v.key in known and v.status == "not set":
+            v.status, v.detail = "known", v.detail + f" (listed in {KNOWN.relative_to(REPO)})"
+        elif v.key in known and v.status == "proven":
+            v.status, v.detail = "struck", f"proven now: strike it from {KNOWN.relative_to(REPO)}"
     counts: dict[str, int] = {}
     for v in verdicts:
         counts[v.status] = counts.get(v.status, 0) + 1
-    failing = {"not set"} | ({"not run"} if args.require_all else set())
-    for status in ("not set", "not run", "skipped"):
+    failing = {"not set", "struck"} | ({"not run"} if args.require_all else set())
+    for status in ("not set", "struck", "known", "not run", "skipped"):
         for v in verdicts:
             if v.status == status:
                 print(f"{'FAIL' if status in failing else 'note'} {v.key}: {v.detail}")

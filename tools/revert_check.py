@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             if any(base(t) in plan for t in tests_of[key]):
                 later.append(key)
                 continue
-            flags = sorted(f"{command}:{dest}" for command, dest in targets[key])
+            flags = sorted({f"{command}:{dest}" for command, dest in targets[key]})
             plan.update({base(t): flags for t in tests_of[key]})
             this_round.append(key)
         print(f"round {round_no}: {len(this_round)} entries, {len(plan)} tests", flush=True)

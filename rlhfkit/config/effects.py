@@ -3,7 +3,8 @@
 A key is a flag name (`"eps_clip"`), standing for every command that has the flag and reaches it through the same
 code (the offline methods share one training loop and one engine), or `"command:flag"` (`"ppo:learning_rate"`) where
 a command's path differs; the command-specific key wins. `tests/config/test_option_effects.py` fails when an option
-of any command has no entry, when a named test does not exist, or when the test's source never names the flag.
+of any command has no entry, when a named test does not exist, or when the test never names the flag as a word;
+tools/check_option_claims.py (CI, after both tiers) fails an entry whose cited tests never set the flag non-default.
 `python -m rlhfkit.cli.docs` renders the table into docs/options.md.
 """
 
