@@ -42,6 +42,7 @@ from typing import Any
 RECORD_ENV = "RLHFKIT_OPTION_RECORD"
 REVERT_ENV = "RLHFKIT_REVERT_OPTIONS"
 REVERT_PLAN_ENV = "RLHFKIT_REVERT_PLAN"
+OWNER_ENV = "RLHFKIT_OPTION_RECORD_OWNER"  # set by the recording session for its subprocesses
 RECORD_VERSION = 1
 
 
@@ -309,6 +310,9 @@ _recorder: OptionRecorder | None = None
 
 def pytest_configure(config: Any) -> None:
     global _recorder
+    if os.environ.get(OWNER_ENV):  # a pytest run by a test (tests/test_ci_skips.py): its parent records
+        return
+    os.environ[OWNER_ENV] = str(os.getpid())
     path = os.environ.get(RECORD_ENV)
     if path:
         target: Path | None = Path(path)
@@ -324,6 +328,8 @@ def pytest_configure(config: Any) -> None:
 
 def pytest_unconfigure(config: Any) -> None:
     global _recorder
+    if os.environ.get(OWNER_ENV) == str(os.getpid()):
+        del os.environ[OWNER_ENV]
     if _recorder is not None:
         _recorder.uninstall()
         _recorder.write()
