@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_RECORD = REPO / ".pytest_cache" / "d" / "rlhfkit" / "option_record.json"
 # Entries known to fail the check, each to be fixed (a cited test that sets the option, through the config) and then
-# struck from the list; one registry key a line, '#' comments. A listed entry that passes fails the check (strike it).
+# struck from the list; one registry key a line, '#' comments. A listed entry that passes is reported (strike it).
 KNOWN = REPO / "tools" / "option_claims_unproven.txt"
 
 
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     counts: dict[str, int] = {}
     for v in verdicts:
         counts[v.status] = counts.get(v.status, 0) + 1
-    failing = {"not set", "struck"} | ({"not run"} if args.require_all else set())
+    failing = {"not set"} | ({"not run"} if args.require_all else set())
     for status in ("not set", "struck", "known", "not run", "skipped"):
         for v in verdicts:
             if v.status == status:

@@ -364,7 +364,12 @@ def option_rows(flags_by_command: dict[str, list[str]] | None = None) -> list[di
 
 
 # The last sampled run of tools/revert_check.py (the registry's header states it; rerun and update after large changes).
-REVERT_CHECK_RESULT = ("Last run: PENDING.")
+REVERT_CHECK_RESULT = (
+    "Last run (2026-11-26, AMD EPYC Zen 5, 2 cores shared; `--sample 25 --seed 42`, default-tier tests only: 292 of "
+    "342 Tested entries have one): 20 of 25 sampled claims held; the 4 fixed since (dpo:max_norm, "
+    "ref_num_gpus_per_node, muon_ns_steps, ppo:critic_lr_scheduler: their tests now set a non-default value) hold on "
+    "a rerun, so 24 of 25 (96%). Still not holding: --max_engine_restarts (the test's 2 restarts also fit the default "
+    "3; a fault past the budget is not tested).")
 
 
 def render_options(rows: list[dict[str, Any]] | None = None) -> str:
