@@ -3,7 +3,8 @@
 A key is a flag name (`"eps_clip"`), standing for every command that has the flag and reaches it through the same
 code (the offline methods share one training loop and one engine), or `"command:flag"` (`"ppo:learning_rate"`) where
 a command's path differs; the command-specific key wins. `tests/config/test_option_effects.py` fails when an option
-of any command has no entry, when a named test does not exist, or when the test's source never names the flag.
+of any command has no entry, when a named test does not exist, or when the test never names the flag as a word;
+tools/check_option_claims.py (CI, after both tiers) fails an entry whose cited tests never set the flag non-default.
 `python -m rlhfkit.cli.docs` renders the table into docs/options.md.
 """
 
@@ -99,7 +100,8 @@ EFFECTS: dict[str, Effect] = {
     # ---- logging (MetricsLogger: offline loop and the ppo loop)
     "run_dir": _t("the run folder (manifest, metrics.jsonl)", _SCAFFOLD, _SHORT_RUN),
     "ppo:run_dir": _t("the run folder (manifest)", _PPO_SETUP),
-    "demo:run_dir": _t("the run folder of the demo's ppo run", _CLI + "test_demo_flags_reach_the_ppo_command"),
+    "demo:run_dir": _t("the folder of the demo's data and ppo run, and the one its summary reads (default "
+                       "runs/demo-<time>)", _CLI + "test_demo_run_dir_is_the_folder_its_ppo_run_writes_and_reads"),
     "logging_steps": _t("only every N-th step is logged", _SHORT_RUN),
     "ppo:logging_steps": _t("refused with the reason (ppo logs every step)", _REFUSED_PPO),
     "use_tensorboard": _t("TensorBoard event files in this folder", _SHORT_RUN),
@@ -131,7 +133,9 @@ EFFECTS: dict[str, Effect] = {
     "pretrain_split": _t("the split of --pretrain_data", _PPO_SETUP),
     "pretrain_input_key": _t("the text key of --pretrain_data", _PPO_SETUP),
     "pretrain_output_key": _t("loss on the response only", _PPO_SETUP),
-    "ptx_coef": _t("weight of the auxiliary loss (0: the data is not even loaded)", _PPO_SETUP,
+    "ptx_coef": _t("weight of the auxiliary LM loss: a real actor step's gradient gains ptx_coef x the LM-loss "
+                   "gradient of the --pretrain_data batch (float64 reference)",
+                   "tests/rl/test_ptx_coef.py::test_ptx_coef_weights_the_lm_loss_gradient_of_the_policy_step",
                    _PPO_FULL + "test_colocate_actor_ref_with_the_ptx_loss"),
     "num_episodes": _t("passes over the prompts: steps and updates", _PPO_SETUP),
     "rollout_batch_size": _t("prompts per step: steps and updates", _PPO_SETUP),
@@ -362,7 +366,6 @@ EFFECTS: dict[str, Effect] = {
     # ---- serve-rm
     **{f"serve-rm:{flag}": _t(what, _SERVE) for flag, what in {
         "reward_pretrain": "the reward model(s) served", "remote_rm_url": "the reward function served",
-        "host": "the bind address", "port": "the port (0: any free one)",
         "auth_token": "requests must carry this bearer token", "normalize_reward": "reward models normalised",
         "max_len": "tokens scored (reward model)", "batch_size": "micro-batch of the reward model",
         "reward_timeout": "timeout of the reward function", "reward_error_policy": "zero: failing samples score 0",
@@ -379,6 +382,10 @@ EFFECTS: dict[str, Effect] = {
                             "test_connection_cap_answers_503_at_once_and_a_retrying_client_gets_through"),
         "batch_max_queries": ("the most queries merged into one scored batch (0: none merged)",
                               "test_batch_max_queries_caps_the_merged_batch")}.items()},
+    "serve-rm:host": _t("the address the server binds: it answers over HTTP there and not on the default 127.0.0.1",
+                        _CLI + "test_serve_rm_listens_on_the_host_and_port_it_is_given"),
+    "serve-rm:port": _t("the port the server listens on (0: a free one the system picks)",
+                        _CLI + "test_serve_rm_listens_on_the_host_and_port_it_is_given", _SERVE),
     # ---- lora-merge, report, demo
     "lora_path": _t("the adapter merged", _CLI + "test_lora_merge_writes_the_merged_model_in_param_dtype"),
     "report:run_dir": _t("the run folder read (a missing one is an error)",

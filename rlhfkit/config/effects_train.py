@@ -177,8 +177,9 @@ TRAIN_EFFECTS: dict[str, Effect] = {
                              "refused", _RING_PPO + "test_ring_workers_equal_the_unsharded_workers",
                              _RING_PPO + "test_ppo_ring_flags_are_checked_against_the_roles",
                              _RING_PPO + "test_a_ppo_step_with_ring_attn_size_2_equals_one_rank"),
-    "ppo:ring_head_stride": _t("KV heads gathered per step in the actor, reference and critic (stride 2 gives the "
-                               "unsharded result); without --ring_attn_size > 1 refused",
+    "ppo:ring_head_stride": _t("KV heads per all-gather of the ring attention in the actor, reference and critic "
+                               "(stride 2: the tiny model's 2 KV heads in one message, stride 1 would send two) with "
+                               "the unsharded result; without --ring_attn_size > 1 refused",
                                _RING_PPO + "test_ring_workers_equal_the_unsharded_workers",
                                _RING_PPO + "test_ppo_ring_flags_are_checked_against_the_roles"),
     **{f"kd:{flag}": _t("student and teacher split each sequence over the ring group; the KD loss (NLL + KL to the "
@@ -254,7 +255,7 @@ TRAIN_EFFECTS: dict[str, Effect] = {
                            _LOSSES + "test_precomputed_reference_equals_live_reference"),
     "ref_mode": _t("precompute attaches reference log-probs to the samples, live runs the reference per batch; "
                    "without either the loss refuses",
-                   _LOSSES + "test_precomputed_reference_equals_live_reference",
+                   _LOSSES + "test_ref_mode_flag_precomputes_or_runs_the_reference_live",
                    _LOSSES + "test_dpo_without_reference_log_probs_is_an_error"),
     "ref_offload": NoEffect(_CUDA_ONLY),
     "desirable_loss_weight": _t("weight of desirable samples (reference function)",

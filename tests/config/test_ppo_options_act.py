@@ -78,7 +78,7 @@ def test_data_schedule_and_placement_flags_of_build_setup(tiny_model_dir, data, 
                   pretrain_input_key="text", pretrain_output_key="answer", ptx_coef=0.1,
                   remote_rm_url="builtin:exact", advantage_estimator="gae", init_kl_coef=0.01,
                   rollout_batch_size=4, n_samples_per_prompt=2, train_batch_size=4, max_epochs=2, num_episodes=3,
-                  actor_num_nodes=1, actor_num_gpus_per_node=2, ref_num_nodes=3, ref_num_gpus_per_node=1,
+                  actor_num_nodes=1, actor_num_gpus_per_node=2, ref_num_nodes=3, ref_num_gpus_per_node=3,
                   critic_num_nodes=2, critic_num_gpus_per_node=2, run_dir=str(tmp_path / "run"))
     seen = _run_setup(monkeypatch, cfg)
     train, held = seen["prompts"]
@@ -101,7 +101,7 @@ def test_data_schedule_and_placement_flags_of_build_setup(tiny_model_dir, data, 
     assert seen["updates"] == 9 * 2 * 2
     # one placement group per role: (nodes, ranks per node) from the --*_num_nodes / --*_num_gpus_per_node flags
     assert seen["roles"] == ["actor", "critic", "ref"]
-    assert seen["placement"] == [(1, 2), (3, 1), (2, 2)]
+    assert seen["placement"] == [(1, 2), (3, 3), (2, 2)]
     assert (tmp_path / "run" / "manifest.json").is_file()  # --run_dir
 
 

@@ -280,3 +280,33 @@ def test_packed_reward_model_batch_gives_the_padded_loss(tiny_reward_model_dir, 
                                   for p in (False, True))
     assert float(packed) == pytest.approx(float(padded), rel=1e-5)
     assert float(km["reward_margin"]) == pytest.approx(float(pm["reward_margin"]), abs=1e-4)
+
+
+def test_ref_mode_flag_precomputes_or_runs_the_reference_live(policy, other_model_dir, tiny_model_dir, tokenizer):
+    """dpo's --ref_mode through the trainer's own code (dpo_samples, dpo_method): precompute (the default) attaches
+    the reference's log-probs to the samples and the loss needs no model; --ref_mode live attaches none and the
+    method runs the reference per batch; both give the same loss."""
+    from rlhfkit.cli.dpo import GROUPS
+    from rlhfkit.config.parse import parse_config
+    from rlhfkit.engine.distributed import init_distributed
+    from rlhfkit.trainers.dpo import dpo_method, dpo_samples
+
+    rows = preference_rows(3, seed=5)
+    base = ["--pretrain", tiny_model_dir, "--ref_pretrain", other_model_dir, "--dataset", "d",
+            "--micro_train_batch_size", "2", "--beta", "0.1"]
+    owned = not dist.is_initialized()
+    try:
+        dist_info = init_distributed()
+        losses = {}
+        for mode, extra in (("precompute", []), ("live", ["--ref_mode", "live"])):
+            cfg = parse_config("dpo", GROUPS, base + extra)
+            samples, _ = dpo_samples(cfg, tokenizer, rows)
+            attached = [all(key in s for key in REF_KEYS) for s in samples]
+            assert attached == [mode == "precompute"] * len(rows), mode
+            method = dpo_method(cfg, tokenizer, dist_info)
+            with torch.no_grad():
+                losses[mode] = float(method.loss(policy, method.collate(samples))[0])
+    finally:
+        if owned:
+            shutdown_distributed()
+    assert losses["live"] == pytest.approx(losses["precompute"], rel=1e-5)

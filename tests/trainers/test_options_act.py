@@ -130,7 +130,7 @@ def _engine(tiny_model_dir: str, argv: list[str], total_steps: int = 10, command
     from rlhfkit.engine.train_engine import TrainEngine
     from rlhfkit.models.loading import load_causal_lm
 
-    cfg = parse_config(command, GROUPS, argv)
+    cfg = parse_config(command, GROUPS if command == "sft" else None, argv)
     torch.manual_seed(0)
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
     return TrainEngine(load_causal_lm(tiny_model_dir), cfg, info, total_steps)
@@ -194,10 +194,12 @@ def test_adam_betas_and_l2_reach_the_optimizer(tiny_model_dir):
     assert torch.allclose(param.detach(), ref.detach(), atol=1e-7)
 
 
-def test_max_norm_clips_the_gradient(tiny_model_dir):
+@pytest.mark.parametrize("command", ["sft", "rm", "dpo", "kto", "kd", "prm"])
+def test_max_norm_clips_the_gradient(tiny_model_dir, command):
+    """Each offline command's --max_norm reaches its engine (one TrainEngine for all of them)."""
     norms = {}
     for max_norm in ("0.5", "0"):
-        engine = _engine(tiny_model_dir, ["--max_norm", max_norm])
+        engine = _engine(tiny_model_dir, ["--max_norm", max_norm], command=command)
         for p in engine.model.parameters():
             p.grad = torch.ones_like(p)
         full = torch.sqrt(sum((p.grad ** 2).sum() for p in engine.model.parameters())).item()
