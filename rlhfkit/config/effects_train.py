@@ -102,7 +102,7 @@ TRAIN_EFFECTS: dict[str, Effect] = {
     "dataset_split": _t("the split read from a dataset folder", _SCAFFOLD),
     "max_samples": _t("at most this many rows", _SCAFFOLD),
     "eval_dataset": _t("held-out rows evaluated (eval/* metrics)", _SCAFFOLD, _SHORT_RUN),
-    "eval_split": _t("the split of --eval_dataset", _SCAFFOLD),
+    "eval_split": _t("the split of --eval_dataset (check: that split's 8 rows, not train's 16)", _SCAFFOLD),
     "input_key": _t("the row key of the prompt", _SCAFFOLD, _SFT_KEYS,
                     _SFT_DATA + "test_chat_conversation_without_output_key_trains_last_turn",
                     _PPO_SETUP),
@@ -110,7 +110,8 @@ TRAIN_EFFECTS: dict[str, Effect] = {
                      _SFT_DATA + "test_missing_key_names_file_line_key_and_present_keys"),
     "input_template": _t("the prompt is formatted with the template", _SFT_KEYS,
                          _PREF_DATA + "test_plain_template", _OPT + "test_preference_keys_and_the_rm_margin"),
-    "apply_chat_template": _t("the prompt is formatted with the tokenizer's chat template",
+    "apply_chat_template": _t("the prompt is formatted with the tokenizer's chat template (sft through its parsed "
+                              "flag: the template's role headers are context, the answer and end-of-turn the target)",
                               _PREF_DATA + "test_prompt_key_with_chat_template",
                               _SFT_DATA + "test_chat_template_single_turn"),
     "tokenizer_chat_template": _t("replaces the tokenizer's chat template", _SCAFFOLD),

@@ -38,12 +38,13 @@ def _extra_flags(command: str, tiny_model_dir: str) -> dict:
 
 
 def _split_folder(command: str, root: Path) -> str:
-    """A save_to_disk DatasetDict: split 'train' with 16 rows, split 'held' with 24."""
+    """A save_to_disk DatasetDict: split 'train' with 16 rows, split 'held' with 24, split 'check' with 8."""
     from datasets import Dataset, DatasetDict
 
-    rows = [{RENAMED.get(k, k): v for k, v in row.items()} for row in ROWS[command](40, 1)]
+    rows = [{RENAMED.get(k, k): v for k, v in row.items()} for row in ROWS[command](48, 1)]
     path = root / f"{command}_splits"
-    DatasetDict({"train": Dataset.from_list(rows[:16]), "held": Dataset.from_list(rows[16:])}).save_to_disk(path)
+    DatasetDict({"train": Dataset.from_list(rows[:16]), "held": Dataset.from_list(rows[16:40]),
+                 "check": Dataset.from_list(rows[40:])}).save_to_disk(path)
     return str(path)
 
 
@@ -73,14 +74,14 @@ def test_offline_scaffold_flags_reach_the_model_data_and_engine(command, tiny_mo
     """Also --input_key / --output_key / --label_key / --prompt_key: the rows' keys are renamed (RENAMED)."""
     folder = _split_folder(command, tmp_path)
     flags = {"pretrain": tiny_model_dir, "dataset": folder, "dataset_split": "held", "max_samples": 20,
-             "eval_dataset": folder, "eval_split": "train", "train_batch_size": 4, "micro_train_batch_size": 2,
+             "eval_dataset": folder, "eval_split": "check", "train_batch_size": 4, "micro_train_batch_size": 2,
              "max_epochs": 3, "attn_implementation": "eager", "lora_rank": 4, "lora_alpha": 8, "lora_dropout": 0.25,
              "target_modules": ["q_proj", "v_proj"], "tokenizer_chat_template": CUSTOM_TEMPLATE,
              "full_determinism": True, "packing_samples": True, "seed": 11, "run_dir": str(tmp_path / "run"),
              "save_path": str(tmp_path / "hf"), **_extra_flags(command, tiny_model_dir)}
     seen = _reach_loop(monkeypatch, command, flags)
-    # --dataset_split held (24 rows) cut by --max_samples 20; --eval_split train (16 rows)
-    assert len(seen["train"]) == 20 and len(seen["eval"]) == 16
+    # --dataset_split held (24 rows) cut by --max_samples 20; --eval_split check (8 rows, not train's 16)
+    assert len(seen["train"]) == 20 and len(seen["eval"]) == 8
     # --train_batch_size 4 / --micro_train_batch_size 2 on one rank; --max_epochs 3
     assert (seen["plan"].accumulation, seen["plan"].steps_per_epoch, seen["plan"].total_steps) == (2, 5, 15)
     model = seen["engine"].model
