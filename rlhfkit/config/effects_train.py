@@ -33,6 +33,9 @@ from rlhfkit.config.effect_types import (
     _t,
 )
 
+# an offline command parses the ring and tensor-parallel flags and its scaffold sets the groups up from them
+_PARALLEL_FLAGS = "test_parallel_flags_are_checked_against_the_world_by_the_command"
+
 TRAIN_EFFECTS: dict[str, Effect] = {
     # ---- model (offline commands: load_policy / load_reward_model; ppo: the same loaders in the workers)
     "pretrain": _t("the model that is loaded, trained and saved",
@@ -159,13 +162,15 @@ TRAIN_EFFECTS: dict[str, Effect] = {
     # ---- context parallel (rlhfkit.models.context_parallel; docs/parallelism.md)
     "ring_attn_size": _t("each sequence split over N ranks (world = data parallel x N): loss and gradients of 2 gloo "
                          "ranks equal the unsharded forward's (padded, packed, GQA, RM head); sft/dpo/rm/kto runs on 2 "
-                         "ranks reproduce the 1-rank losses and grad norms; a size not dividing the world is refused",
-                         _RING + "test_ring_size_must_divide_the_world_size",
+                         "ranks reproduce the 1-rank losses and grad norms; a size not dividing the world is refused (by "
+                         "the command, in a 1-process world)",
+                         _RING + "test_ring_size_must_divide_the_world_size", _OPT + _PARALLEL_FLAGS,
                          _RING_E2E + "test_sft_ring_attn_size_2_reproduces_one_rank",
                          _RING_E2E + "test_dpo_rm_kto_ring_attn_size_2_reproduce_one_rank"),
     "ring_head_stride": _t("KV heads gathered per step: stride 1 and 2 give the unsharded result; a stride not "
-                           "dividing the KV heads, or one without --ring_attn_size > 1, is refused",
+                           "dividing the KV heads, or one without --ring_attn_size > 1, is refused (by the command)",
                            _RING + "test_ring_attention_over_two_ranks_equals_the_unsharded_forward",
+                           _OPT + _PARALLEL_FLAGS,
                            _RING + "test_ring_size_must_divide_the_world_size",
                            _RING_E2E + "test_sft_ring_attn_size_2_reproduces_one_rank"),
     "ppo:ring_attn_size": _t("the actor, reference and critic ranks split each sequence over N ranks (world = data "
@@ -181,8 +186,11 @@ TRAIN_EFFECTS: dict[str, Effect] = {
                                _RING_PPO + "test_ring_workers_equal_the_unsharded_workers",
                                _RING_PPO + "test_ppo_ring_flags_are_checked_against_the_roles"),
     **{f"kd:{flag}": _t("student and teacher split each sequence over the ring group; the KD loss (NLL + KL to the "
-                        "teacher) and its gradients on 2 gloo ranks equal the unsharded ones, padded and packed",
-                        _RING + "test_ring_attention_over_two_ranks_equals_the_unsharded_forward")
+                        "teacher) and its gradients on 2 gloo ranks equal the unsharded ones, padded and packed; "
+                        "`rlhfkit kd` sets the ring up from the flags (a ring of 2 in a 1-process world, or a head "
+                        "stride without a ring, is refused)",
+                        _RING + "test_ring_attention_over_two_ranks_equals_the_unsharded_forward",
+                        _OPT + _PARALLEL_FLAGS)
        for flag in ("ring_attn_size", "ring_head_stride")},
     **{f"prm:{flag}": _t("refused with the reason (context parallel covers sft, rm, dpo, kto, kd and ppo)",
                          _RING + "test_commands_without_context_parallel_refuse_the_ring_flags")
@@ -203,8 +211,9 @@ TRAIN_EFFECTS: dict[str, Effect] = {
        for command in ("ppo", "kd", "prm")},
     # --tp_size: the alias of --ds_tensor_parallel_size on the training commands (batch-inference's own flag is the
     # engines' tensor parallelism, the "tp_size" entry)
-    **{f"{command}:tp_size": _t("an alias of --ds_tensor_parallel_size: the same checks and mesh",
-                                _TP + "test_tp_size_must_divide_heads_world_and_fit_the_family",
+    **{f"{command}:tp_size": _t("an alias of --ds_tensor_parallel_size: the same checks and mesh (the command refuses "
+                                "--tp_size 2 in a 1-process world as --ds_tensor_parallel_size 2)",
+                                _TP + "test_tp_size_must_divide_heads_world_and_fit_the_family", _OPT + _PARALLEL_FLAGS,
                                 "tests/e2e/test_tensor_parallel.py::test_sft_tp_size_2_reproduces_one_rank")
        for command in ("sft", "rm", "dpo", "kto")},
     **{f"{command}:tp_size": _t("refused with the reason (tensor parallel covers sft, rm, dpo, kto)",

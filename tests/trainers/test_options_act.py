@@ -102,6 +102,27 @@ def test_offline_scaffold_flags_reach_the_model_data_and_engine(command, tiny_mo
     assert seen["cfg"].seed == 11 and (tmp_path / "run" / "manifest.json").is_file()  # --run_dir
 
 
+@pytest.mark.parametrize("command", ["sft", "rm", "dpo", "kto", "kd"])
+def test_parallel_flags_are_checked_against_the_world_by_the_command(command, tiny_model_dir, tmp_path):
+    """--ring_attn_size, --ring_head_stride and (sft, rm, dpo, kto) --tp_size, the alias of --ds_tensor_parallel_size,
+    as the command parses them, reach its scaffold's set-up (setup_context_parallel, setup_tp) before any data is
+    read: in this one-process world a ring or tensor-parallel group of 2 ranks cannot be formed, and a head stride
+    without a ring is refused. (The 2-rank runs that split sequences and weights are tests/e2e/test_ring_attention.py
+    and tests/e2e/test_tensor_parallel.py.)"""
+    import re
+
+    main = importlib.import_module(f"rlhfkit.cli.{command}").main
+    base = ["--pretrain", tiny_model_dir, "--dataset", str(tmp_path / "never_read.jsonl")]
+    base += ["--teacher_model", tiny_model_dir] if command == "kd" else []
+    cases = [(["--ring_attn_size", "2"], "--ring_attn_size 2 must divide the world size 1"),
+             (["--ring_head_stride", "2"], "--ring_head_stride 2 acts only with --ring_attn_size > 1")]
+    if command != "kd":  # kd refuses the tensor-parallel flags when parsing (test_tensor_parallel.py)
+        cases.append((["--tp_size", "2"], "--ds_tensor_parallel_size 2 must divide the world size 1"))
+    for flags, message in cases:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            main(base + flags)
+
+
 def test_dataset_probs_mix_the_training_sets(tiny_model_dir, tmp_path):
     from rlhfkit.cli.sft import GROUPS
     from rlhfkit.config.parse import parse_config
