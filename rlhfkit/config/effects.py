@@ -441,7 +441,7 @@ EFFECTS.update({
                                        "on CPU their parameters already live in host RAM (accepted, inert: run in "
                                        "tests/rl/test_ppo_full.py::test_colocate_all_models_with_a_serve_rm_reward)"),
     "ppo:sync_logprob_tolerance": _t("one bound for every engine-vs-trainer log-prob check, at start and after "
-                                     "each sync (0: off)",
+                                     "each sync, replacing the bound derived from the dtypes (0: off, nothing scored)",
                                      _SYNC + "test_an_engine_computing_with_other_weights_stops_the_run_at_start",
                                      _SYNC + "test_the_flag_sets_one_bound_and_zero_turns_the_check_off"),
 })

@@ -169,7 +169,8 @@ PPO_EFFECTS: dict[str, Effect] = {
         "trainer's log-probs with the processor's pixel tensors equal the engine's (< 1e-4); a bad image names the "
         "file, row and key; a text-only --pretrain is refused"),
     "ppo:max_images_per_prompt": Tested(
-        (VISION_DATA,), "1: a row with 2 images is an error naming the file and the row"),
+        (VISION_DATA,), "1 (the default): a row with 2 images is an error naming the file and the row; 2: that row "
+                        "loads with both images and a row with 3 is the error"),
     "ppo:freeze_vision_tower": Tested(
         (VISION_E2E, f"{_VISION}::test_image_key_needs_a_vision_language_model",
          "tests/models/test_vision.py::test_frozen_vision_tower_does_not_train_and_is_not_sent"),
