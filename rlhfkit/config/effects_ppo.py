@@ -100,8 +100,9 @@ PPO_EFFECTS: dict[str, Effect] = {
         "6 (with --generate_max_len 8): the rewards lose min(max(|y| - 2, 0), 6) / 6 x factor before the "
         "advantages; rollout/overlong_penalty_mean is logged; a buffer longer than --generate_max_len is refused"),
     "ppo:overlong_penalty_factor": Tested(
-        (PENALTIES, f"{_UNIT}::test_overlong_penalty_ramps_over_the_buffer"),
-        "0.5: the largest overlong penalty is -0.5 (at --generate_max_len tokens)"),
+        (PENALTIES, f"{_UNIT}::test_overlong_penalty_ramps_over_the_buffer",
+         "tests/config/test_ppo_options_act.py::test_overlong_penalty_factor_scales_the_penalty_of_the_step_rewards"),
+        "0.5: the largest overlong penalty is -0.5 (at --generate_max_len tokens), in the step's rewards"),
     "ppo:stop_properly_penalty_coef": Tested(
         (PENALTIES, REFUSED, f"{_UNIT}::test_stop_properly_penalty_scales_or_replaces_truncated_rewards"),
         "0.5: the rewards of responses with finish reason 'length' are halved (after the overlong penalty); < 0 "

@@ -275,3 +275,20 @@ def test_reward_flags_combine_the_ppo_reward_sources(tokenizer, tmp_path):
         rewards(remote_rm_url=str(failing))  # --reward_error_policy raise (the default)
     source = setup.text_sources(ppo_cfg(remote_rm_url="builtin:exact", reward_timeout=2.5))[0]
     assert source.timeout == 2.5
+
+
+def test_overlong_penalty_factor_scales_the_penalty_of_the_step_rewards():
+    """--overlong_buffer_len 4 before --generate_max_len 16 with --overlong_penalty_factor 0.5, as parsed, through the
+    step's apply_length_penalties: r - min(max(|y| - 12, 0), 4) / 4 x 0.5 (the default factor 1 would reach -1)."""
+    from rlhfkit.rl.make_experience import apply_length_penalties
+
+    cfg = ppo_cfg(pretrain="m", prompt_data="d", generate_max_len=16, overlong_buffer_len=4,
+                  overlong_penalty_factor=0.5)
+    lengths = torch.tensor([0, 10, 12, 13, 15, 16])
+    exp = SimpleNamespace(rewards=torch.ones(6), response_length=lengths, info={"truncated": torch.zeros(6)})
+    rollout = SimpleNamespace(rewards=exp.rewards)
+    metrics = apply_length_penalties(rollout, exp, cfg)
+    want = [1.0 - min(max(n - 12, 0), 4) / 4 * 0.5 for n in lengths.tolist()]
+    assert want[-1] == 0.5
+    assert exp.rewards.tolist() == pytest.approx(want) and rollout.rewards is exp.rewards
+    assert metrics["rollout/overlong_penalty_mean"] == pytest.approx(sum(w - 1.0 for w in want) / 6)
