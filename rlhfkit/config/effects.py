@@ -227,7 +227,8 @@ EFFECTS: dict[str, Effect] = {
                               _TRUNCATED + "test_top_p_ratios_are_exact_with_the_fix_and_biased_without",
                               _TRUNCATED + "test_the_flags_choose_the_trainers_truncation"),
     "micro_rollout_batch_size": _t("rows per log-prob / value / reward-model forward of the workers (4: 6 rows in "
-                                   "forwards of 4 and 2)", _PPO + "test_forward_micro_batches_follow_the_rollout_budget"),
+                                   "forwards of 4 and 2)",
+                                   _PPO + "test_forward_micro_batches_follow_the_rollout_budget"),
     "eval_temperature": _t("temperature of the evaluation's sampling",
                            _PPO + "test_eval_flags_set_the_evaluation_sampling"),
     "eval_n_samples_per_prompt": _t("samples per eval prompt, pass@k up to it",

@@ -162,8 +162,8 @@ TRAIN_EFFECTS: dict[str, Effect] = {
     # ---- context parallel (rlhfkit.models.context_parallel; docs/parallelism.md)
     "ring_attn_size": _t("each sequence split over N ranks (world = data parallel x N): loss and gradients of 2 gloo "
                          "ranks equal the unsharded forward's (padded, packed, GQA, RM head); sft/dpo/rm/kto runs on 2 "
-                         "ranks reproduce the 1-rank losses and grad norms; a size not dividing the world is refused (by "
-                         "the command, in a 1-process world)",
+                         "ranks reproduce the 1-rank losses and grad norms; a size not dividing the world is refused "
+                         "(by the command, in a 1-process world)",
                          _RING + "test_ring_size_must_divide_the_world_size", _OPT + _PARALLEL_FLAGS,
                          _RING_E2E + "test_sft_ring_attn_size_2_reproduces_one_rank",
                          _RING_E2E + "test_dpo_rm_kto_ring_attn_size_2_reproduce_one_rank"),
@@ -255,11 +255,15 @@ TRAIN_EFFECTS: dict[str, Effect] = {
                                   "have); any other value is refused by the parser"),
     "serve-rm:value_head_prefix": _t("anything but 'score' is refused",
                                      _CLI + "test_serve_rm_flags_reach_the_reward_source_and_the_server"),
-    "beta": _t("the DPO / KTO temperature: the parsed flag's loss equals the reference function's with that beta", _LOSSES + "test_dpo_loss_equals_reference_function",
+    "beta": _t("the DPO / KTO temperature: the parsed flag's loss equals the reference function's with that beta",
+               _LOSSES + "test_dpo_loss_equals_reference_function",
                _LOSSES + "test_kto_loss_equals_reference_function"),
-    "label_smoothing": _t("cDPO loss (0.2: the reference function's)", _LOSSES + "test_dpo_loss_equals_reference_function"),
-    "ipo": _t("IPO loss on length-averaged log-probs (the reference function's)", _LOSSES + "test_dpo_loss_equals_reference_function"),
-    "nll_loss_coef": _t("adds coef x the chosen responses' length-averaged NLL", _LOSSES + "test_dpo_loss_equals_reference_function"),
+    "label_smoothing": _t("cDPO loss (0.2: the reference function's)",
+                          _LOSSES + "test_dpo_loss_equals_reference_function"),
+    "ipo": _t("IPO loss on length-averaged log-probs (the reference function's)",
+              _LOSSES + "test_dpo_loss_equals_reference_function"),
+    "nll_loss_coef": _t("adds coef x the chosen responses' length-averaged NLL",
+                        _LOSSES + "test_dpo_loss_equals_reference_function"),
     "dpo:ref_pretrain": _t("the reference model's log-probs are the ones used (precomputed and live), not --pretrain's",
                            _LOSSES + "test_precomputed_reference_equals_live_reference",
                            _LOSSES + "test_dpo_loss_equals_reference_function"),
@@ -283,6 +287,7 @@ TRAIN_EFFECTS: dict[str, Effect] = {
     "placeholder_token": _t("the step marker the reward token is predicted at (the loss by hand at each marker)",
                             _LOSSES + "test_prm_loss_equals_reference_function",
                             "tests/e2e/test_prm.py::test_prm_classifies_steps_above_chance"),
-    "reward_tokens": _t("softmax over these tokens only (the cross-entropy over the two, by hand)", _LOSSES + "test_prm_loss_equals_reference_function",
+    "reward_tokens": _t("softmax over these tokens only (the cross-entropy over the two, by hand)",
+                        _LOSSES + "test_prm_loss_equals_reference_function",
                         "tests/e2e/test_prm.py::test_prm_classifies_steps_above_chance"),
 }

@@ -16,8 +16,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from rlhfkit.algorithms.preference import dpo_loss, kto_loss, reward_model_loss
-from rlhfkit.config.parse import parse_config
 from rlhfkit.algorithms.supervised import distillation_loss, masked_lm_loss, prm_token_loss
+from rlhfkit.config.parse import parse_config
 from rlhfkit.data.collate import model_inputs
 from rlhfkit.data.synthetic import echo_rows, preference_rows, process_rows, unpaired_rows
 from rlhfkit.engine.distributed import init_distributed, shutdown_distributed
