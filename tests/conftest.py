@@ -19,6 +19,19 @@ os.environ.setdefault("RLHFKIT_AUTO_DTYPE", "fp32")
 GPU_ONLY_SKIP_WORDS = ("CUDA", "GPU")
 
 
+def pytest_configure(config):
+    """Register tests/option_record.py: the per-test record of the options each test sets (read by
+    tools/check_option_claims.py) and the forced defaults of tools/revert_check.py."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("rlhfkit_option_record", Path(__file__).with_name("option_record.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config.pluginmanager.register(module, "rlhfkit-option-record")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """In CI (`CI` set) a skip is allowed only for GPU-only paths: any other skip (a missing browser, a missing

@@ -3,7 +3,8 @@
 A key is a flag name (`"eps_clip"`), standing for every command that has the flag and reaches it through the same
 code (the offline methods share one training loop and one engine), or `"command:flag"` (`"ppo:learning_rate"`) where
 a command's path differs; the command-specific key wins. `tests/config/test_option_effects.py` fails when an option
-of any command has no entry, when a named test does not exist, or when the test's source never names the flag.
+of any command has no entry, when a named test does not exist, or when the test never names the flag as a word;
+tools/check_option_claims.py (CI, after both tiers) fails an entry whose cited tests never set the flag non-default.
 `python -m rlhfkit.cli.docs` renders the table into docs/options.md.
 """
 
@@ -99,7 +100,8 @@ EFFECTS: dict[str, Effect] = {
     # ---- logging (MetricsLogger: offline loop and the ppo loop)
     "run_dir": _t("the run folder (manifest, metrics.jsonl)", _SCAFFOLD, _SHORT_RUN),
     "ppo:run_dir": _t("the run folder (manifest)", _PPO_SETUP),
-    "demo:run_dir": _t("the run folder of the demo's ppo run", _CLI + "test_demo_flags_reach_the_ppo_command"),
+    "demo:run_dir": _t("the folder of the demo's data and ppo run, and the one its summary reads (default "
+                       "runs/demo-<time>)", _CLI + "test_demo_run_dir_is_the_folder_its_ppo_run_writes_and_reads"),
     "logging_steps": _t("only every N-th step is logged", _SHORT_RUN),
     "ppo:logging_steps": _t("refused with the reason (ppo logs every step)", _REFUSED_PPO),
     "use_tensorboard": _t("TensorBoard event files in this folder", _SHORT_RUN),
@@ -117,11 +119,13 @@ EFFECTS: dict[str, Effect] = {
     "ppo:max_samples": _t("at most this many prompts", _PPO_SETUP),
     "ppo:input_key": _t("the row key of the prompt", _PPO_SETUP),
     "ppo:input_template": _t("the prompt template", _PPO_SETUP),
-    "ppo:apply_chat_template": _t("prompts formatted with the chat template (load_prompts passes the flag to "
-                                  "build_prompt_samples)", "tests/data/test_prompts.py::test_chat_prompt_with_label"),
+    "ppo:apply_chat_template": _t("the run's prompts (rl.setup.load_prompts) are the chat template's, generation "
+                                  "header included; without it the text as written",
+                                  "tests/data/test_prompts.py::test_ppo_apply_chat_template_formats_the_prompts_of_"
+                                  "the_run"),
     "ppo:tokenizer_chat_template": _t("replaces the tokenizer's chat template", _PPO_SETUP),
     "ppo:eval_dataset": _t("held-out prompts", _PPO_SETUP),
-    "ppo:eval_split": _t("the split of --eval_dataset", _PPO_SETUP),
+    "ppo:eval_split": _t("the split of --eval_dataset (eval: that split's 4 rows, not train's)", _PPO_SETUP),
     "prompt_data": _t("the prompts", _PPO_SETUP),
     "prompt_data_probs": _t("the mix of several --prompt_data", _PPO_SETUP),
     "prompt_split": _t("the split of --prompt_data", _PPO_SETUP),
@@ -131,12 +135,14 @@ EFFECTS: dict[str, Effect] = {
     "pretrain_split": _t("the split of --pretrain_data", _PPO_SETUP),
     "pretrain_input_key": _t("the text key of --pretrain_data", _PPO_SETUP),
     "pretrain_output_key": _t("loss on the response only", _PPO_SETUP),
-    "ptx_coef": _t("weight of the auxiliary loss (0: the data is not even loaded)", _PPO_SETUP,
+    "ptx_coef": _t("weight of the auxiliary LM loss: a real actor step's gradient gains ptx_coef x the LM-loss "
+                   "gradient of the --pretrain_data batch (float64 reference)",
+                   "tests/rl/test_ptx_coef.py::test_ptx_coef_weights_the_lm_loss_gradient_of_the_policy_step",
                    _PPO_FULL + "test_colocate_actor_ref_with_the_ptx_loss"),
     "num_episodes": _t("passes over the prompts: steps and updates", _PPO_SETUP),
     "rollout_batch_size": _t("prompts per step: steps and updates", _PPO_SETUP),
     "n_samples_per_prompt": _t("samples per prompt (sampling n) and the buffer size", _SAMPLING, _PPO_SETUP),
-    "actor_num_nodes": _t("nodes of the actor's placement group", _PPO_SETUP),
+    "actor_num_nodes": _t("nodes of the actor's placement group (2: a (2 nodes, 2 ranks) group)", _PPO_SETUP),
     "actor_num_gpus_per_node": _t("ranks per node of the actor's placement group", _PPO_SETUP),
     "ref_num_nodes": _t("nodes of the reference's placement group", _PPO_SETUP),
     "ref_num_gpus_per_node": _t("ranks per node of the reference's placement group", _PPO_SETUP),
@@ -220,7 +226,9 @@ EFFECTS: dict[str, Effect] = {
                               "truncated ones (rollout/logprob_abs_diff_mean 0.105 at --top_p 0.9 instead of 4e-7)",
                               _TRUNCATED + "test_top_p_ratios_are_exact_with_the_fix_and_biased_without",
                               _TRUNCATED + "test_the_flags_choose_the_trainers_truncation"),
-    "micro_rollout_batch_size": _t("rows per reward-model / log-prob forward", _SOURCES + "test_from_config"),
+    "micro_rollout_batch_size": _t("rows per log-prob / value / reward-model forward of the workers (4: 6 rows in "
+                                   "forwards of 4 and 2)",
+                                   _PPO + "test_forward_micro_batches_follow_the_rollout_budget"),
     "eval_temperature": _t("temperature of the evaluation's sampling",
                            _PPO + "test_eval_flags_set_the_evaluation_sampling"),
     "eval_n_samples_per_prompt": _t("samples per eval prompt, pass@k up to it",
@@ -256,9 +264,9 @@ EFFECTS: dict[str, Effect] = {
                                _PPO_FULL + "test_colocate_critic_reward_with_two_reward_models"),
     "recompute_old_log_probs": _t("old log-probs from a separate pass; the run is the same",
                                   _OLD_LP + "test_reused_old_log_probs_give_the_same_run"),
-    "reward_pretrain": _t("reward model(s) scored with",
+    "reward_pretrain": _t("reward model(s) scored with: each one a reward group of its own that loads it",
                           _PPO_FULL + "test_colocate_all_models_with_a_serve_rm_reward",
-                          _SOURCES + "test_from_config"),
+                          _PPO + "test_reward_group_placement_flags"),
     "agent_func_path": _t("the environment gives the reward (another reward source is refused)",
                           "tests/agents/test_agent_ppo.py::test_an_agent_and_another_reward_source_contradict"),
     "agent_action_max_len": _t("caps a turn; refused without --agent_func_path",
@@ -362,7 +370,6 @@ EFFECTS: dict[str, Effect] = {
     # ---- serve-rm
     **{f"serve-rm:{flag}": _t(what, _SERVE) for flag, what in {
         "reward_pretrain": "the reward model(s) served", "remote_rm_url": "the reward function served",
-        "host": "the bind address", "port": "the port (0: any free one)",
         "auth_token": "requests must carry this bearer token", "normalize_reward": "reward models normalised",
         "max_len": "tokens scored (reward model)", "batch_size": "micro-batch of the reward model",
         "reward_timeout": "timeout of the reward function", "reward_error_policy": "zero: failing samples score 0",
@@ -379,6 +386,10 @@ EFFECTS: dict[str, Effect] = {
                             "test_connection_cap_answers_503_at_once_and_a_retrying_client_gets_through"),
         "batch_max_queries": ("the most queries merged into one scored batch (0: none merged)",
                               "test_batch_max_queries_caps_the_merged_batch")}.items()},
+    "serve-rm:host": _t("the address the server binds: it answers over HTTP there and not on the default 127.0.0.1",
+                        _CLI + "test_serve_rm_listens_on_the_host_and_port_it_is_given"),
+    "serve-rm:port": _t("the port the server listens on (0: a free one the system picks)",
+                        _CLI + "test_serve_rm_listens_on_the_host_and_port_it_is_given", _SERVE),
     # ---- lora-merge, report, demo
     "lora_path": _t("the adapter merged", _CLI + "test_lora_merge_writes_the_merged_model_in_param_dtype"),
     "report:run_dir": _t("the run folder read (a missing one is an error)",
@@ -431,7 +442,7 @@ EFFECTS.update({
                                        "on CPU their parameters already live in host RAM (accepted, inert: run in "
                                        "tests/rl/test_ppo_full.py::test_colocate_all_models_with_a_serve_rm_reward)"),
     "ppo:sync_logprob_tolerance": _t("one bound for every engine-vs-trainer log-prob check, at start and after "
-                                     "each sync (0: off)",
+                                     "each sync, replacing the bound derived from the dtypes (0: off, nothing scored)",
                                      _SYNC + "test_an_engine_computing_with_other_weights_stops_the_run_at_start",
                                      _SYNC + "test_the_flag_sets_one_bound_and_zero_turns_the_check_off"),
 })

@@ -126,8 +126,9 @@ PPO_EFFECTS: dict[str, Effect] = {
         "6 (with --generate_max_len 8): the rewards lose min(max(|y| - 2, 0), 6) / 6 x factor before the "
         "advantages; rollout/overlong_penalty_mean is logged; a buffer longer than --generate_max_len is refused"),
     "ppo:overlong_penalty_factor": Tested(
-        (PENALTIES, f"{_UNIT}::test_overlong_penalty_ramps_over_the_buffer"),
-        "0.5: the largest overlong penalty is -0.5 (at --generate_max_len tokens)"),
+        (PENALTIES, f"{_UNIT}::test_overlong_penalty_ramps_over_the_buffer",
+         "tests/config/test_ppo_options_act.py::test_overlong_penalty_factor_scales_the_penalty_of_the_step_rewards"),
+        "0.5: the largest overlong penalty is -0.5 (at --generate_max_len tokens), in the step's rewards"),
     "ppo:stop_properly_penalty_coef": Tested(
         (PENALTIES, REFUSED, f"{_UNIT}::test_stop_properly_penalty_scales_or_replaces_truncated_rewards"),
         "0.5: the rewards of responses with finish reason 'length' are halved (after the overlong penalty); < 0 "
@@ -195,7 +196,8 @@ PPO_EFFECTS: dict[str, Effect] = {
         "trainer's log-probs with the processor's pixel tensors equal the engine's (< 1e-4); a bad image names the "
         "file, row and key; a text-only --pretrain is refused"),
     "ppo:max_images_per_prompt": Tested(
-        (VISION_DATA,), "1: a row with 2 images is an error naming the file and the row"),
+        (VISION_DATA,), "1 (the default): a row with 2 images is an error naming the file and the row; 2: that row "
+                        "loads with both images and a row with 3 is the error"),
     "ppo:freeze_vision_tower": Tested(
         (VISION_E2E, f"{_VISION}::test_image_key_needs_a_vision_language_model",
          "tests/models/test_vision.py::test_frozen_vision_tower_does_not_train_and_is_not_sent"),

@@ -33,6 +33,9 @@ from rlhfkit.config.effect_types import (
     _t,
 )
 
+# an offline command parses the ring and tensor-parallel flags and its scaffold sets the groups up from them
+_PARALLEL_FLAGS = "test_parallel_flags_are_checked_against_the_world_by_the_command"
+
 TRAIN_EFFECTS: dict[str, Effect] = {
     # ---- model (offline commands: load_policy / load_reward_model; ppo: the same loaders in the workers)
     "pretrain": _t("the model that is loaded, trained and saved",
@@ -102,18 +105,16 @@ TRAIN_EFFECTS: dict[str, Effect] = {
     "dataset_split": _t("the split read from a dataset folder", _SCAFFOLD),
     "max_samples": _t("at most this many rows", _SCAFFOLD),
     "eval_dataset": _t("held-out rows evaluated (eval/* metrics)", _SCAFFOLD, _SHORT_RUN),
-    "eval_split": _t("the split of --eval_dataset", _SCAFFOLD),
+    "eval_split": _t("the split of --eval_dataset (check: that split's 8 rows, not train's 16)", _SCAFFOLD),
     "input_key": _t("the row key of the prompt", _SCAFFOLD, _SFT_KEYS,
                     _SFT_DATA + "test_chat_conversation_without_output_key_trains_last_turn",
                     _PPO_SETUP),
     "output_key": _t("the row key of the response (the loss is on its tokens)", _SCAFFOLD, _SFT_KEYS,
                      _SFT_DATA + "test_missing_key_names_file_line_key_and_present_keys"),
     "input_template": _t("the prompt is formatted with the template", _SFT_KEYS,
-                         _PREF_DATA + "test_plain_template", _OPT + "test_preference_keys_and_the_rm_margin",
-                         _LOSSES + "test_kto_loss_equals_reference_function",
-                         _LOSSES + "test_kd_loss_equals_reference_function",
-                         _LOSSES + "test_prm_loss_equals_reference_function"),
-    "apply_chat_template": _t("the prompt is formatted with the tokenizer's chat template",
+                         _PREF_DATA + "test_plain_template", _OPT + "test_preference_keys_and_the_rm_margin"),
+    "apply_chat_template": _t("the prompt is formatted with the tokenizer's chat template (sft through its parsed "
+                              "flag: the template's role headers are context, the answer and end-of-turn the target)",
                               _PREF_DATA + "test_prompt_key_with_chat_template",
                               _SFT_DATA + "test_chat_template_single_turn"),
     "tokenizer_chat_template": _t("replaces the tokenizer's chat template", _SCAFFOLD),
@@ -161,13 +162,15 @@ TRAIN_EFFECTS: dict[str, Effect] = {
     # ---- context parallel (rlhfkit.models.context_parallel; docs/parallelism.md)
     "ring_attn_size": _t("each sequence split over N ranks (world = data parallel x N): loss and gradients of 2 gloo "
                          "ranks equal the unsharded forward's (padded, packed, GQA, RM head); sft/dpo/rm/kto runs on 2 "
-                         "ranks reproduce the 1-rank losses and grad norms; a size not dividing the world is refused",
-                         _RING + "test_ring_size_must_divide_the_world_size",
+                         "ranks reproduce the 1-rank losses and grad norms; a size not dividing the world is refused "
+                         "(by the command, in a 1-process world)",
+                         _RING + "test_ring_size_must_divide_the_world_size", _OPT + _PARALLEL_FLAGS,
                          _RING_E2E + "test_sft_ring_attn_size_2_reproduces_one_rank",
                          _RING_E2E + "test_dpo_rm_kto_ring_attn_size_2_reproduce_one_rank"),
     "ring_head_stride": _t("KV heads gathered per step: stride 1 and 2 give the unsharded result; a stride not "
-                           "dividing the KV heads, or one without --ring_attn_size > 1, is refused",
+                           "dividing the KV heads, or one without --ring_attn_size > 1, is refused (by the command)",
                            _RING + "test_ring_attention_over_two_ranks_equals_the_unsharded_forward",
+                           _OPT + _PARALLEL_FLAGS,
                            _RING + "test_ring_size_must_divide_the_world_size",
                            _RING_E2E + "test_sft_ring_attn_size_2_reproduces_one_rank"),
     "ppo:ring_attn_size": _t("the actor, reference and critic ranks split each sequence over N ranks (world = data "
@@ -177,13 +180,17 @@ TRAIN_EFFECTS: dict[str, Effect] = {
                              "refused", _RING_PPO + "test_ring_workers_equal_the_unsharded_workers",
                              _RING_PPO + "test_ppo_ring_flags_are_checked_against_the_roles",
                              _RING_PPO + "test_a_ppo_step_with_ring_attn_size_2_equals_one_rank"),
-    "ppo:ring_head_stride": _t("KV heads gathered per step in the actor, reference and critic (stride 2 gives the "
-                               "unsharded result); without --ring_attn_size > 1 refused",
+    "ppo:ring_head_stride": _t("KV heads per all-gather of the ring attention in the actor, reference and critic "
+                               "(stride 2: the tiny model's 2 KV heads in one message, stride 1 would send two) with "
+                               "the unsharded result; without --ring_attn_size > 1 refused",
                                _RING_PPO + "test_ring_workers_equal_the_unsharded_workers",
                                _RING_PPO + "test_ppo_ring_flags_are_checked_against_the_roles"),
     **{f"kd:{flag}": _t("student and teacher split each sequence over the ring group; the KD loss (NLL + KL to the "
-                        "teacher) and its gradients on 2 gloo ranks equal the unsharded ones, padded and packed",
-                        _RING + "test_ring_attention_over_two_ranks_equals_the_unsharded_forward")
+                        "teacher) and its gradients on 2 gloo ranks equal the unsharded ones, padded and packed; "
+                        "`rlhfkit kd` sets the ring up from the flags (a ring of 2 in a 1-process world, or a head "
+                        "stride without a ring, is refused)",
+                        _RING + "test_ring_attention_over_two_ranks_equals_the_unsharded_forward",
+                        _OPT + _PARALLEL_FLAGS)
        for flag in ("ring_attn_size", "ring_head_stride")},
     **{f"prm:{flag}": _t("refused with the reason (context parallel covers sft, rm, dpo, kto, kd and ppo)",
                          _RING + "test_commands_without_context_parallel_refuse_the_ring_flags")
@@ -204,8 +211,9 @@ TRAIN_EFFECTS: dict[str, Effect] = {
        for command in ("ppo", "kd", "prm")},
     # --tp_size: the alias of --ds_tensor_parallel_size on the training commands (batch-inference's own flag is the
     # engines' tensor parallelism, the "tp_size" entry)
-    **{f"{command}:tp_size": _t("an alias of --ds_tensor_parallel_size: the same checks and mesh",
-                                _TP + "test_tp_size_must_divide_heads_world_and_fit_the_family",
+    **{f"{command}:tp_size": _t("an alias of --ds_tensor_parallel_size: the same checks and mesh (the command refuses "
+                                "--tp_size 2 in a 1-process world as --ds_tensor_parallel_size 2)",
+                                _TP + "test_tp_size_must_divide_heads_world_and_fit_the_family", _OPT + _PARALLEL_FLAGS,
                                 "tests/e2e/test_tensor_parallel.py::test_sft_tp_size_2_reproduces_one_rank")
        for command in ("sft", "rm", "dpo", "kto")},
     **{f"{command}:tp_size": _t("refused with the reason (tensor parallel covers sft, rm, dpo, kto)",
@@ -219,7 +227,8 @@ TRAIN_EFFECTS: dict[str, Effect] = {
     "csft_keys": _t("the row's attribute values put before the prompt; the condition steers generation",
                     "tests/e2e/test_csft.py::test_the_condition_steers_the_output"),
     "kd:teacher_model": _t("the teacher of the KL term", "tests/e2e/test_kd.py::test_student_kl_to_teacher_falls"),
-    "kd_coef": _t("loss = (1 - kd_coef) NLL + kd_coef KL", "tests/e2e/test_kd.py::test_student_kl_to_teacher_falls",
+    "kd_coef": _t("loss = (1 - kd_coef) NLL + kd_coef KL: 0.25 gives 0.75 NLL + 0.25 KL (float64 reference)",
+                  "tests/e2e/test_kd.py::test_student_kl_to_teacher_falls",
                   _LOSSES + "test_kd_loss_equals_reference_function"),
     "teacher_offload": NoEffect(_CUDA_ONLY),
     # ---- rm / dpo / kto / prm
@@ -228,8 +237,11 @@ TRAIN_EFFECTS: dict[str, Effect] = {
                      _OPT + "test_preference_keys_and_the_rm_margin"),
     "chosen_key": _t("the row key of the chosen response", _OPT + "test_preference_keys_and_the_rm_margin"),
     "rejected_key": _t("the row key of the rejected response", _OPT + "test_preference_keys_and_the_rm_margin"),
-    "loss": _t("sigmoid or logexp pairwise loss (reference function)",
-               _LOSSES + "test_reward_model_loss_equals_reference_function"),
+    "loss": NoEffect("logexp computes log(1 + exp(r_r - r_c + m)) as a softplus, mathematically equal to sigmoid's "
+                     "-log sigmoid(r_c - r_r - m): the loss and its gradient do not change (both equal the float64 "
+                     "Bradley-Terry value: tests/trainers/test_method_losses.py::test_reward_model_loss_equals_"
+                     "reference_function, through the parsed flag); kept so that OpenRLHF scripts port; another name "
+                     "is refused"),
     "margin_loss": _t("each pair carries its margin into the batch the loss reads",
                       _OPT + "test_preference_keys_and_the_rm_margin"),
     "margin_key": _t("the row key the margin is read from", _OPT + "test_preference_keys_and_the_rm_margin"),
@@ -243,23 +255,28 @@ TRAIN_EFFECTS: dict[str, Effect] = {
                                   "have); any other value is refused by the parser"),
     "serve-rm:value_head_prefix": _t("anything but 'score' is refused",
                                      _CLI + "test_serve_rm_flags_reach_the_reward_source_and_the_server"),
-    "beta": _t("the DPO / KTO temperature (reference functions)", _LOSSES + "test_dpo_loss_equals_reference_function",
+    "beta": _t("the DPO / KTO temperature: the parsed flag's loss equals the reference function's with that beta",
+               _LOSSES + "test_dpo_loss_equals_reference_function",
                _LOSSES + "test_kto_loss_equals_reference_function"),
-    "label_smoothing": _t("cDPO loss", _LOSSES + "test_dpo_loss_equals_reference_function"),
-    "ipo": _t("IPO loss on length-averaged log-probs", _LOSSES + "test_dpo_loss_equals_reference_function"),
-    "nll_loss_coef": _t("adds the chosen responses' NLL", _LOSSES + "test_dpo_loss_equals_reference_function"),
-    "dpo:ref_pretrain": _t("the reference model's log-probs are the ones used",
-                           _LOSSES + "test_precomputed_reference_equals_live_reference"),
-    "kto:ref_pretrain": _t("the reference model's log-probs are the ones used (same loader as dpo)",
-                           _LOSSES + "test_precomputed_reference_equals_live_reference"),
+    "label_smoothing": _t("cDPO loss (0.2: the reference function's)",
+                          _LOSSES + "test_dpo_loss_equals_reference_function"),
+    "ipo": _t("IPO loss on length-averaged log-probs (the reference function's)",
+              _LOSSES + "test_dpo_loss_equals_reference_function"),
+    "nll_loss_coef": _t("adds coef x the chosen responses' length-averaged NLL",
+                        _LOSSES + "test_dpo_loss_equals_reference_function"),
+    "dpo:ref_pretrain": _t("the reference model's log-probs are the ones used (precomputed and live), not --pretrain's",
+                           _LOSSES + "test_precomputed_reference_equals_live_reference",
+                           _LOSSES + "test_dpo_loss_equals_reference_function"),
+    "kto:ref_pretrain": _t("the reference model's log-probs are the ones used (same loader as dpo), not --pretrain's",
+                           _LOSSES + "test_kto_loss_equals_reference_function"),
     "ref_mode": _t("precompute attaches reference log-probs to the samples, live runs the reference per batch; "
                    "without either the loss refuses",
-                   _LOSSES + "test_precomputed_reference_equals_live_reference",
+                   _LOSSES + "test_ref_mode_flag_precomputes_or_runs_the_reference_live",
                    _LOSSES + "test_dpo_without_reference_log_probs_is_an_error"),
     "ref_offload": NoEffect(_CUDA_ONLY),
-    "desirable_loss_weight": _t("weight of desirable samples (reference function)",
+    "desirable_loss_weight": _t("weight of desirable samples (1.5: the reference function's loss)",
                                 _LOSSES + "test_kto_loss_equals_reference_function"),
-    "undesirable_loss_weight": _t("weight of undesirable samples (reference function)",
+    "undesirable_loss_weight": _t("weight of undesirable samples (0.5: the reference function's loss)",
                                   _LOSSES + "test_kto_loss_equals_reference_function"),
     "label_key": _t("the row key of the labels", _SCAFFOLD, _LOSSES + "test_kto_loss_equals_reference_function",
                     _LOSSES + "test_prm_loss_equals_reference_function"),
@@ -267,9 +284,10 @@ TRAIN_EFFECTS: dict[str, Effect] = {
     "batch-inference:label_key": _t("labels passed to the reward and copied to the rows",
                                     _BI + "test_prompt_flags_shape_the_prompts",
                                     _BI + "test_scoring_flags_reach_the_reward_source"),
-    "placeholder_token": _t("the step marker the reward token is predicted at",
+    "placeholder_token": _t("the step marker the reward token is predicted at (the loss by hand at each marker)",
                             _LOSSES + "test_prm_loss_equals_reference_function",
                             "tests/e2e/test_prm.py::test_prm_classifies_steps_above_chance"),
-    "reward_tokens": _t("softmax over these tokens only", _LOSSES + "test_prm_loss_equals_reference_function",
+    "reward_tokens": _t("softmax over these tokens only (the cross-entropy over the two, by hand)",
+                        _LOSSES + "test_prm_loss_equals_reference_function",
                         "tests/e2e/test_prm.py::test_prm_classifies_steps_above_chance"),
 }

@@ -4,6 +4,10 @@ without serving, training or starting Ray)."""
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import urllib.error
+import urllib.request
 
 import pytest
 import torch
@@ -25,7 +29,8 @@ def test_serve_rm_flags_reach_the_reward_source_and_the_server(monkeypatch):
         "bf16", "--attn_implementation", "eager", "--reward_timeout", "7", "--reward_error_policy", "zero",
         "--reward_combine", "sum", "--reward_weights", "0.5,1.5,2", "--reward_format_pattern", "^<a>.*</a>$"])
     try:
-        assert server.server_address[0] == "127.0.0.1" and server.server_address[1] > 0  # --host, --port 0: any
+        # --port 0: a free port the system picks, not the default 5000 (test below: --host and a given --port)
+        assert server.server_address[0] == "127.0.0.1" and server.server_address[1] not in (0, 5000)
         assert server.token == "secret"  # --auth_token: requests need 'Authorization: Bearer secret'
         assert seen["specs"] == ["rm-a,rm-b", "builtin:format"]
         kw = seen["kw"]
@@ -43,6 +48,32 @@ def test_serve_rm_flags_reach_the_reward_source_and_the_server(monkeypatch):
     # --value_head_prefix: only the 'score' head exists; anything else is refused
     with pytest.raises(SystemExit):
         server_module.build_server(["--remote_rm_url", "builtin:exact", "--port", "0", "--value_head_prefix", "v"])
+
+
+def free_port_on(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_rm_listens_on_the_host_and_port_it_is_given():
+    """--host 127.0.0.2 --port P (neither the default 127.0.0.1 nor 5000): the real server answers GET /health over
+    HTTP at 127.0.0.2:P, and nothing listens on 127.0.0.1:P (it bound the address it was given, not all of them)."""
+    host = "127.0.0.2"  # a loopback address other than the default's (Linux routes all of 127/8 to lo)
+    port = free_port_on(host)
+    server = server_module.build_server(["--remote_rm_url", "builtin:format", "--host", host, "--port", str(port)])
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        assert server.url == f"http://{host}:{port}/get_reward"
+        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=5) as response:
+            assert json.loads(response.read()) == {"status": "ok", "source": server.source.name}
+        with pytest.raises(urllib.error.URLError):  # connection refused: not bound to the default host
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
 
 
 def test_lora_merge_writes_the_merged_model_in_param_dtype(tiny_model_dir, tmp_path):
@@ -86,3 +117,45 @@ def test_demo_flags_reach_the_ppo_command(tmp_path):
     held_out = [json.loads(line) for line in open(cfg.eval_dataset)]
     # --steps 3 x rollout_batch_size prompts: exactly 3 GRPO steps of one episode; --eval_prompts 5 held out
     assert len(train) == 3 * DEMO_FLAGS["rollout_batch_size"] and len(held_out) == 5
+
+
+def test_demo_run_dir_is_the_folder_its_ppo_run_writes_and_reads(tmp_path, monkeypatch, capsys):
+    """`rlhfkit demo --run_dir D` (demo.main itself, which reads the flag): the data, the ppo run's --run_dir and the
+    folder the summary reads are D; without the flag, runs/demo-<time> under the working folder. The ppo run is
+    replaced by one that writes the three files the summary reads into the --run_dir it is given (training is not
+    what this test checks; test_demo.py runs it for real)."""
+    from pathlib import Path
+
+    import rlhfkit.cli.ppo as ppo_cli
+    from rlhfkit.cli import demo
+    from rlhfkit.config.parse import parse_config
+
+    handed = []
+
+    def ppo_run(argv):
+        cfg = parse_config("ppo", ppo_cli.GROUPS, argv)
+        run = Path(cfg.run_dir)
+        handed.append(run)
+        prompt = json.loads(open(cfg.eval_dataset).readline())["input"]
+        prompt = prompt if isinstance(prompt, str) else json.dumps(prompt)
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "eval/score_mean": r, "eval/pass@1": r})
+                                                   + "\n" for s, r in ((0, 0.0), (1, 1.0))))
+        (run / "samples.jsonl").write_text("".join(json.dumps({"kind": "eval", "step": s, "prompt": prompt,
+                                                               "response": f"answer {s}", "reward": float(s)}) + "\n"
+                                                   for s in (0, 1)))
+        (run / "manifest.json").write_text(json.dumps({"precision": {"dtype": "fp32", "reason": "test"}}))
+
+    monkeypatch.setattr(ppo_cli, "main", ppo_run)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    chosen = tmp_path / "my_demo"
+    got = demo.main(["--run_dir", str(chosen), "--steps", "1", "--eval_prompts", "2", "--pretrain", "m"])
+    out = capsys.readouterr().out
+    assert got == chosen and handed == [chosen]
+    assert (chosen / "data" / "train.jsonl").is_file() and (chosen / "data" / "eval.jsonl").is_file()
+    assert "before: 0.000" in out and "after:  1.000" in out and f"run folder: {chosen} " in out
+    assert not (work / "runs").exists()  # nothing went to the default folder
+    default = demo.main(["--steps", "1", "--eval_prompts", "2", "--pretrain", "m"])
+    assert default.parent == Path("runs") and default.name.startswith("demo-") and handed[-1] == default
+    assert (work / default / "data" / "train.jsonl").is_file()

@@ -100,7 +100,7 @@ def test_per_role_flags_reach_each_workers_optimizer_schedule_and_clipping(worke
                   actor_l2=0.2, actor_max_norm=0.3, actor_lr_scheduler="linear", actor_lr_warmup_ratio=0.2,
                   actor_min_lr_ratio=0.9, critic_optim="muon", critic_muon_lr=0.01, critic_muon_momentum=0.5,
                   critic_muon_ns_steps=7, critic_muon_nesterov=True, critic_adam_betas=[0.6, 0.99],
-                  critic_adam_eps=1e-7, critic_l2=0.01, critic_max_norm=0.7, critic_lr_scheduler="cosine_with_min_lr",
+                  critic_adam_eps=1e-7, critic_l2=0.01, critic_max_norm=0.7, critic_lr_scheduler="constant",
                   critic_lr_warmup_ratio=0.5, critic_min_lr_ratio=0.3, muon_nesterov=False)
     engines = workers(cfg)
     actor, critic = engines["actor"], engines["critic"]
@@ -119,12 +119,12 @@ def test_per_role_flags_reach_each_workers_optimizer_schedule_and_clipping(worke
     score = critic.model.score.weight
     assert any(p is score for p in adamw_groups(critic)[0]["params"])
     # schedules: --actor_lr_scheduler linear with 20% warmup (both of the actor's lrs), --critic_lr_scheduler
-    # cosine_with_min_lr with 50% warmup and a 0.3 floor (--actor_min_lr_ratio does not touch linear)
+    # constant after 50% warmup, not the shared --lr_scheduler's cosine_with_min_lr (no min-lr floor touches either)
     actor_lrs, critic_lrs = schedule_of(actor), schedule_of(critic)
     assert actor_lrs[0] == pytest.approx(lr_curve(1e-3, "linear", 0.2, 0.9), rel=1e-12)
     assert actor_lrs[-1] == pytest.approx(lr_curve(0.04, "linear", 0.2, 0.9), rel=1e-12)
-    assert critic_lrs[0] == pytest.approx(lr_curve(2e-3, "cosine_with_min_lr", 0.5, 0.3), rel=1e-12)
-    assert critic_lrs[-1] == pytest.approx(lr_curve(0.01, "cosine_with_min_lr", 0.5, 0.3), rel=1e-12)
+    assert critic_lrs[0] == pytest.approx(lr_curve(2e-3, "constant", 0.5, 0.3), rel=1e-12)
+    assert critic_lrs[-1] == pytest.approx(lr_curve(0.01, "constant", 0.5, 0.3), rel=1e-12)
     # clipping: --actor_max_norm 0.3, --critic_max_norm 0.7
     assert clipped_norm(actor) == pytest.approx(0.3, rel=1e-5)
     assert clipped_norm(critic) == pytest.approx(0.7, rel=1e-5)

@@ -45,7 +45,7 @@ def _run_setup(monkeypatch, cfg) -> dict:
     monkeypatch.setattr(setup, "load_ptx", lambda cfg, tok: seen.setdefault("ptx", real_ptx(cfg, tok)))
 
     def groups(cfg, plan, worker_cfg, updates, reward_specs, placement, made, critic_specs=None):
-        seen.update(updates=updates, roles=sorted(placement.groups))
+        seen.update(updates=updates, roles=sorted(placement.groups), reward_specs=list(reward_specs))
         raise Reached
 
     monkeypatch.setattr(setup, "_groups", groups)
@@ -59,9 +59,10 @@ def _run_setup(monkeypatch, cfg) -> dict:
 def data(tmp_path):
     from datasets import Dataset, DatasetDict
 
-    rows = [{"q": f"question {i}", "gold": str(i)} for i in range(24)]
+    rows = [{"q": f"question {i}", "gold": str(i)} for i in range(28)]
     prompts = tmp_path / "prompts"
-    DatasetDict({"train": Dataset.from_list(rows[:8]), "held": Dataset.from_list(rows[8:])}).save_to_disk(prompts)
+    DatasetDict({"train": Dataset.from_list(rows[:8]), "held": Dataset.from_list(rows[8:24]),
+                 "eval": Dataset.from_list(rows[24:])}).save_to_disk(prompts)
     other = write_jsonl([{"q": f"other {i}", "gold": "x"} for i in range(40)], tmp_path / "other.jsonl")
     ptx = tmp_path / "ptx"
     ptx_rows = [{"text": f"pretraining text {i}", "answer": f"yes {i}"} for i in range(6)]
@@ -72,13 +73,13 @@ def data(tmp_path):
 def test_data_schedule_and_placement_flags_of_build_setup(tiny_model_dir, data, tmp_path, monkeypatch):
     prompts, other, ptx = data
     cfg = ppo_cfg(pretrain=tiny_model_dir, prompt_data=f"{prompts},{other}", prompt_data_probs="1.0,0.0",
-                  prompt_split="held", max_samples=12, eval_dataset=prompts, eval_split="train", input_key="q",
+                  prompt_split="held", max_samples=12, eval_dataset=prompts, eval_split="eval", input_key="q",
                   label_key="gold", input_template="Q: {} A:", prompt_max_len=64, tokenizer_chat_template=TEMPLATE,
                   pretrain_data=f"{ptx},{ptx}", pretrain_data_probs="0.5,0.5", pretrain_split="extra",
                   pretrain_input_key="text", pretrain_output_key="answer", ptx_coef=0.1,
                   remote_rm_url="builtin:exact", advantage_estimator="gae", init_kl_coef=0.01,
                   rollout_batch_size=4, n_samples_per_prompt=2, train_batch_size=4, max_epochs=2, num_episodes=3,
-                  actor_num_nodes=1, actor_num_gpus_per_node=2, ref_num_nodes=3, ref_num_gpus_per_node=1,
+                  actor_num_nodes=2, actor_num_gpus_per_node=2, ref_num_nodes=3, ref_num_gpus_per_node=3,
                   critic_num_nodes=2, critic_num_gpus_per_node=2, run_dir=str(tmp_path / "run"))
     seen = _run_setup(monkeypatch, cfg)
     train, held = seen["prompts"]
@@ -86,8 +87,8 @@ def test_data_schedule_and_placement_flags_of_build_setup(tiny_model_dir, data, 
     # --input_key / --label_key / --input_template
     assert len(train) == 12 and all(p["prompt"].startswith("Q: question ") for p in train)
     assert {int(p["label"]) for p in train} <= set(range(8, 24))
-    # --eval_dataset with --eval_split train: its first 8 rows
-    assert sorted(int(p["label"]) for p in held) == list(range(8))
+    # --eval_dataset with --eval_split eval: that split's 4 rows (not those of train, the default split)
+    assert sorted(int(p["label"]) for p in held) == list(range(24, 28))
     assert seen["tokenizer"].chat_template == TEMPLATE
     # --pretrain_data (twice, --pretrain_data_probs), --pretrain_split extra, --pretrain_input_key text,
     # --pretrain_output_key answer: response-only loss on 'yes i'
@@ -101,7 +102,7 @@ def test_data_schedule_and_placement_flags_of_build_setup(tiny_model_dir, data, 
     assert seen["updates"] == 9 * 2 * 2
     # one placement group per role: (nodes, ranks per node) from the --*_num_nodes / --*_num_gpus_per_node flags
     assert seen["roles"] == ["actor", "critic", "ref"]
-    assert seen["placement"] == [(1, 2), (3, 1), (2, 2)]
+    assert seen["placement"] == [(2, 2), (3, 3), (2, 2)]
     assert (tmp_path / "run" / "manifest.json").is_file()  # --run_dir
 
 
@@ -112,6 +113,7 @@ def test_reward_group_placement_flags(tiny_model_dir, tiny_reward_model_dir, dat
                   reward_num_nodes=2, reward_num_gpus_per_node=3, run_dir=str(tmp_path / "run"))
     seen = _run_setup(monkeypatch, cfg)
     assert seen["roles"] == ["actor", "reward0"] and seen["placement"] == [(1, 1), (2, 3)]
+    assert seen["reward_specs"] == [tiny_reward_model_dir]  # --reward_pretrain: the model its group loads
 
 
 def test_engine_options_from_the_rollout_flags():
@@ -273,3 +275,20 @@ def test_reward_flags_combine_the_ppo_reward_sources(tokenizer, tmp_path):
         rewards(remote_rm_url=str(failing))  # --reward_error_policy raise (the default)
     source = setup.text_sources(ppo_cfg(remote_rm_url="builtin:exact", reward_timeout=2.5))[0]
     assert source.timeout == 2.5
+
+
+def test_overlong_penalty_factor_scales_the_penalty_of_the_step_rewards():
+    """--overlong_buffer_len 4 before --generate_max_len 16 with --overlong_penalty_factor 0.5, as parsed, through the
+    step's apply_length_penalties: r - min(max(|y| - 12, 0), 4) / 4 x 0.5 (the default factor 1 would reach -1)."""
+    from rlhfkit.rl.make_experience import apply_length_penalties
+
+    cfg = ppo_cfg(pretrain="m", prompt_data="d", generate_max_len=16, overlong_buffer_len=4,
+                  overlong_penalty_factor=0.5)
+    lengths = torch.tensor([0, 10, 12, 13, 15, 16])
+    exp = SimpleNamespace(rewards=torch.ones(6), response_length=lengths, info={"truncated": torch.zeros(6)})
+    rollout = SimpleNamespace(rewards=exp.rewards)
+    metrics = apply_length_penalties(rollout, exp, cfg)
+    want = [1.0 - min(max(n - 12, 0), 4) / 4 * 0.5 for n in lengths.tolist()]
+    assert want[-1] == 0.5
+    assert exp.rewards.tolist() == pytest.approx(want) and rollout.rewards is exp.rewards
+    assert metrics["rollout/overlong_penalty_mean"] == pytest.approx(sum(w - 1.0 for w in want) / 6)

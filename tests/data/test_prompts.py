@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rlhfkit.data.prompts import build_prompt_samples
@@ -52,3 +54,23 @@ def test_missing_label_key(tokenizer, load_rows):
     with pytest.raises(DataError, match=r"line 1: missing key 'answer' \(set by --label_key\).*\['question', "
                                         r"'solution'\]"):
         prompts(rows, tokenizer)
+
+
+def test_ppo_apply_chat_template_formats_the_prompts_of_the_run(tokenizer, tmp_path):
+    """ppo's --apply_chat_template, parsed, through the run's prompt loader (rl.setup.load_prompts): the chat
+    template's prompt with the generation header; without the flag the question as written."""
+    from rlhfkit.config.parse import parse_config
+    from rlhfkit.rl.setup import load_prompts
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"question": "What is 3+4?", "answer": "7"}) + "\n")
+    base = ["--pretrain", "m", "--prompt_data", str(path), "--input_key", "question", "--label_key", "answer"]
+    (chat,) = load_prompts(parse_config("ppo", None, base + ["--apply_chat_template"]), tokenizer, str(path), "train")
+    (plain,) = load_prompts(parse_config("ppo", None, base), tokenizer, str(path), "train")
+    expected = tokenizer.apply_chat_template([{"role": "user", "content": "What is 3+4?"}], tokenize=False,
+                                             add_generation_prompt=True)
+    assert expected != "What is 3+4?"
+    assert chat["prompt"] == expected
+    assert chat["prompt_ids"] == tokenizer(expected, add_special_tokens=False)["input_ids"]
+    assert plain["prompt"] == "What is 3+4?"
+    assert chat["label"] == plain["label"] == "7"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlhfkit.config.parse import parse_config
 from rlhfkit.data.sft import build_sft_samples
 from rlhfkit.errors import DataError
 
@@ -17,6 +18,13 @@ def sft(rows, tokenizer, **kw):
                 max_len=512)
     opts.update(kw)
     return build_sft_samples(rows, tokenizer, **opts)
+
+
+def sft_from_flags(rows, tokenizer, *flags: str):
+    """The samples the sft command builds (trainers.sft.sft_samples) from its parsed command line."""
+    from rlhfkit.trainers.sft import sft_samples
+
+    return sft_samples(parse_config("sft", None, ["--pretrain", "m", "--dataset", "d", *flags]), tokenizer, rows)
 
 
 def _ids(tokenizer, text: str) -> list[int]:
@@ -38,7 +46,8 @@ def test_plain_template_masks_exactly_the_response(tokenizer, load_rows, spans):
 
 def test_chat_template_single_turn(tokenizer, load_rows, spans):
     rows = load_rows([{"input": "What is 2+2?", "output": "4"}])
-    (sample,), _ = sft(rows, tokenizer, apply_chat_template=True)
+    (sample,), _ = sft_from_flags(rows, tokenizer, "--input_key", "input", "--output_key", "output",
+                                  "--apply_chat_template")
     ids, mask = sample["input_ids"], sample["loss_mask"]
     user = [{"role": "user", "content": "What is 2+2?"}]
     prompt = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
@@ -63,8 +72,7 @@ def test_chat_messages_input_and_output(tokenizer, load_rows, spans):
 
 def test_multiturn_trains_every_assistant_turn_but_not_headers(tokenizer, load_rows, spans):
     rows = load_rows([{"messages": CONV}])
-    (sample,), _ = sft(rows, tokenizer, input_key="messages", output_key=None, apply_chat_template=True,
-                       multiturn=True)
+    (sample,), _ = sft_from_flags(rows, tokenizer, "--input_key", "messages", "--apply_chat_template", "--multiturn")
     ids, mask = sample["input_ids"], sample["loss_mask"]
     assert spans(tokenizer, ids, mask) == ["hello there<|im_end|>", "see you<|im_end|>"]
     assert tokenizer.decode(ids) == tokenizer.apply_chat_template(CONV, tokenize=False).rstrip("\n")
@@ -75,7 +83,7 @@ def test_multiturn_trains_every_assistant_turn_but_not_headers(tokenizer, load_r
 
 def test_pretrain_mode_trains_every_token(tokenizer, load_rows):
     rows = load_rows([{"text": "Once upon a time there was a cat."}])
-    (sample,), _ = sft(rows, tokenizer, input_key="text", output_key=None, pretrain_mode=True)
+    (sample,), _ = sft_from_flags(rows, tokenizer, "--input_key", "text", "--pretrain_mode")
     assert sample["loss_mask"] == [1] * len(sample["input_ids"])
     # the input template is not used in pretraining, and eos closes the document
     assert tokenizer.decode(sample["input_ids"]) == "Once upon a time there was a cat." + tokenizer.eos_token

@@ -61,6 +61,10 @@ def test_an_explicit_dtype_is_kept(unpinned, monkeypatch):
     assert precision.resolve_precision("fp32", "cpu").reason.startswith("requested")
     with pytest.raises(ValueError, match="--param_dtype 'int8'"):
         precision.resolve_precision("int8", "cpu")
+    # a command's --param_dtype bf16 is what its run computes in, though auto would pick fp32 on this machine
+    sft = SFTConfig(param_dtype="bf16")
+    assert precision.apply_precision(sft, "cpu").dtype == "bf16" and sft.param_dtype == "bf16"
+    assert precision.apply_precision(SFTConfig(), "cpu").dtype == "fp32"
 
 
 def test_apply_resolves_both_flags_and_warns_once_with_the_measured_slowdown(unpinned, monkeypatch, caplog):

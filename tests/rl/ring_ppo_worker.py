@@ -57,6 +57,21 @@ def capture_gradients(worker: ModelWorker, into: dict) -> None:
     engine.optimizer_step = step
 
 
+def count_kv_gathers(into: list[int]) -> None:
+    """Record the number of key/value heads in each all-gather of the ring attention (--ring_head_stride: that many
+    heads per message), by wrapping the module function ring_attention_forward calls."""
+    import rlhfkit.models.context_parallel as cp
+
+    original = cp.gather_along
+
+    def gather_along(tensor, dim, ring):
+        if dim == 2:  # keys/values [B, heads, C, d] along the sequence; sum_over_ring gathers along 0
+            into.append(tensor.shape[1])
+        return original(tensor, dim, ring)
+
+    cp.gather_along = gather_along
+
+
 def main() -> None:
     rank, world, port, model_dir, reward_dir, output_file, ring_flags = sys.argv[1:8]
     rank, world = int(rank), int(world)
@@ -77,6 +92,8 @@ def main() -> None:
     fresh = ModelWorker("critic", cfg, rank, world, "127.0.0.1", int(port))  # a critic started from the causal LM
     fresh.init_model(model_dir, False, scalar_head=True)
     head = fresh.model.score.weight
+    kv_heads: list[int] = []
+    count_kv_gathers(kv_heads)
     grads: dict[str, dict] = {"actor": {}, "critic": {}}
     capture_gradients(workers["actor"], grads["actor"])
     capture_gradients(workers["critic"], grads["critic"])
@@ -98,6 +115,7 @@ def main() -> None:
         if scorer is not None:
             result["rewards"] = scorer.rewards(scored_batch())
         out[layout] = result
+    out["kv_heads_per_gather"] = sorted(set(kv_heads))
     torch.save(out, output_file)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()

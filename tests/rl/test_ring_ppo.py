@@ -43,15 +43,20 @@ def run_ranks(tmp_path: Path, world: int, model_dir: str, reward_dir: str, flags
     pytest.param({"top_k": 20, "top_p": 0.9}, id="top-k-top-p", marks=pytest.mark.slow),
 ])
 def test_ring_workers_equal_the_unsharded_workers(tmp_path, tiny_model_dir, tiny_reward_model_dir, sampling):
+    # the ring flags as ppo parses them (the ranks build their workers from these values)
+    cfg = ppo_cfg("--ring_attn_size", "2", "--ring_head_stride", "2")
+    ring_flags = {"ring_attn_size": cfg.ring_attn_size, "ring_head_stride": cfg.ring_head_stride}
     procs = run_ranks(tmp_path, 1, tiny_model_dir, tiny_reward_model_dir, sampling) + \
-        run_ranks(tmp_path, 2, tiny_model_dir, tiny_reward_model_dir,
-                  {"ring_attn_size": 2, "ring_head_stride": 2, **sampling})
+        run_ranks(tmp_path, 2, tiny_model_dir, tiny_reward_model_dir, {**ring_flags, **sampling})
     for p in procs:
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out
     [want] = [torch.load(tmp_path / "w1_rank0.pt", weights_only=False)]
     ranks = [torch.load(tmp_path / f"w2_rank{r}.pt", weights_only=False) for r in range(2)]
     assert want["ring"] == [1, 1, 1] and ranks[0]["ring"] == [2, 2, 2]
+    # --ring_head_stride 2: the tiny model's 2 key/value heads travel in one all-gather per layer (stride 1: two
+    # messages of 1 head); same result either way (below), so the layout of the messages is the flag's effect
+    assert want["kv_heads_per_gather"] == [] and all(r["kv_heads_per_gather"] == [2] for r in ranks)
     # a critic started from the causal LM gets the same fresh value head on 1 rank and on 2 (seeded alike, not
     # seed + rank: FSDP2 would keep each rank's own chunk of its own draw)
     assert torch.equal(ranks[0]["fresh_head"], want["fresh_head"]) and torch.equal(ranks[1]["fresh_head"],

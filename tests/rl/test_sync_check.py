@@ -71,9 +71,19 @@ def test_the_start_diff_sets_the_later_bound_and_a_diff_over_it_stops_the_run(mo
 
 
 def test_the_flag_sets_one_bound_and_zero_turns_the_check_off():
-    assert _probe(sync_logprob_tolerance=0.5).bound() == (0.5, "--sync_logprob_tolerance")
-    off = _probe(sync_logprob_tolerance=0.0)
-    assert off.check(actor=None, engines=[None], when="test") == {}  # 0: nothing is scored
+    """ppo's --sync_logprob_tolerance as parsed: 0.5 replaces the dtype-derived bound at every check; 0 scores
+    nothing (an engine or actor of None would fail on first use)."""
+    prompts = [{"prompt_ids": list(range(100 * k, 100 * k + 60))} for k in range(1, 7)]
+
+    def probe(*flags):
+        cfg = parse_config("ppo", None, ["--pretrain", "m", "--prompt_data", "d", "--param_dtype", "bf16",
+                                         "--vllm_dtype", "bf16", *flags])
+        return SyncCheck.from_run(prompts, cfg)
+
+    assert probe().bound()[1] == "the start bound with bf16/fp16"  # the default: derived from the dtypes
+    assert probe("--sync_logprob_tolerance", "0.5").bound() == (0.5, "--sync_logprob_tolerance")
+    off = probe("--sync_logprob_tolerance", "0")
+    assert off.off and off.check(actor=None, engines=[None], when="test") == {}  # 0: nothing is scored
 
 
 def _hf_scores(model_dir, weights, prompts, responses, dtype, head=None):

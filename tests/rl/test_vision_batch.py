@@ -71,6 +71,14 @@ def test_image_prompts_load_and_a_bad_row_is_an_error_naming_the_file_row_and_ke
         data = write_rows(tmp_path, rows)
         with pytest.raises(ConfigError, match=message):
             load_prompts(cfg, tokenizer, data, "train")
+    # --max_images_per_prompt 2: the row with 2 images loads with both; a row with 3 is refused
+    two = write_rows(tmp_path, [{"prompt": "Colour?", "image": ["red.png", b64]}])
+    wide = ppo_cfg(tiny_vlm_dir, two, image_key="image", max_images_per_prompt=2)
+    (prompt,) = load_prompts(wide, tokenizer, two, "train")
+    assert [image.getpixel((0, 0)) for image in prompt["images"]] == [(255, 0, 0), (0, 0, 255)]
+    three = write_rows(tmp_path, [{"prompt": "Colour?", "image": ["red.png", b64, b64]}])
+    with pytest.raises(ConfigError, match=r"row 0: 3 images under 'image' but --max_images_per_prompt is 2"):
+        load_prompts(wide, tokenizer, three, "train")
 
 
 @pytest.mark.parametrize(("flags", "message"), [

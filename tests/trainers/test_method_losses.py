@@ -17,19 +17,39 @@ import torch.nn.functional as F
 
 from rlhfkit.algorithms.preference import dpo_loss, kto_loss, reward_model_loss
 from rlhfkit.algorithms.supervised import distillation_loss, masked_lm_loss, prm_token_loss
+from rlhfkit.config.parse import parse_config
 from rlhfkit.data.collate import model_inputs
 from rlhfkit.data.synthetic import echo_rows, preference_rows, process_rows, unpaired_rows
-from rlhfkit.engine.distributed import shutdown_distributed
-from rlhfkit.trainers.dpo import REF_KEYS, collate_pairs, dpo_batch_loss
-from rlhfkit.trainers.kd import kd_batch_loss
-from rlhfkit.trainers.kto import COMPLETION, MISMATCHED, attach_mismatched, collate_kto, kto_batch_loss
+from rlhfkit.engine.distributed import init_distributed, shutdown_distributed
+from rlhfkit.trainers.dpo import REF_KEYS, collate_pairs, dpo_batch_loss, dpo_method
+from rlhfkit.trainers.kd import kd_method
+from rlhfkit.trainers.kto import COMPLETION, MISMATCHED, attach_mismatched, collate_kto, kto_batch_loss, kto_method
 from rlhfkit.trainers.pairs import PAIR_SIDES, preference_samples
-from rlhfkit.trainers.prm import collate_prm, prm_batch_loss, prm_samples
-from rlhfkit.trainers.rm import collate_rm, rm_batch_loss
+from rlhfkit.trainers.prm import collate_prm, prm_batch_loss, prm_method, prm_samples
+from rlhfkit.trainers.rm import collate_rm, rm_batch_loss, rm_method
 from rlhfkit.trainers.sequence_logps import annotate_reference
 
 PAIR_CFG = SimpleNamespace(prompt_key="prompt", chosen_key="chosen", rejected_key="rejected", input_template=None,
                            apply_chat_template=True, max_len=64)
+
+
+@pytest.fixture
+def dist_info():
+    """The (one-process) distributed set-up the methods' reference and teacher loaders need."""
+    owned = not dist.is_initialized()
+    try:
+        yield init_distributed()
+    finally:
+        if owned:
+            shutdown_distributed()
+
+
+def flags(options: dict) -> list[str]:
+    """{"beta": 0.5, "ipo": True} -> ["--beta", "0.5", "--ipo"]: the command line that sets these options."""
+    out: list[str] = []
+    for name, value in options.items():
+        out += [f"--{name}"] if value is True else [f"--{name}", str(value)]
+    return out
 
 
 def seq_logp(model, ids: list[int], mask: list[int]) -> tuple[torch.Tensor, int]:
@@ -59,12 +79,17 @@ VARIANTS = {"dpo": dict(beta=0.1), "cdpo": dict(beta=0.5, label_smoothing=0.2), 
             "dpo+nll": dict(beta=0.2, nll_loss_coef=0.7)}
 
 
-def test_dpo_loss_equals_reference_function(policy, other, pairs, tokenizer):
+def test_dpo_loss_equals_reference_function(policy, other, other_model_dir, tiny_model_dir, pairs, tokenizer,
+                                            dist_info):
+    """dpo's --beta, --label_smoothing, --ipo and --nll_loss_coef, parsed from a command line, through dpo_method's
+    loss (the reference live from --ref_pretrain) against the reference function with the same values."""
     batch = collate_pairs(pairs, tokenizer.pad_token_id)
     (pc, nc), (pr, nr) = (side_logps(policy, pairs, *side) for side in PAIR_SIDES)
     (rc, _), (rr, _) = (side_logps(other, pairs, *side) for side in PAIR_SIDES)
     for name, variant in VARIANTS.items():
-        loss, metrics = dpo_batch_loss(policy, batch, ref_model=other, **variant)
+        cfg = parse_config("dpo", None, ["--pretrain", tiny_model_dir, "--ref_pretrain", other_model_dir,
+                                         "--ref_mode", "live", "--dataset", "d", *flags(variant)])
+        loss, metrics = dpo_method(cfg, tokenizer, dist_info).loss(policy, batch)
         ipo = variant.get("ipo", False)
         args = (pc / nc, pr / nr, rc / nc, rr / nr) if ipo else (pc, pr, rc, rr)
         expected, chosen_r, rejected_r = dpo_loss(*args, beta=variant["beta"],
@@ -98,8 +123,9 @@ def test_dpo_loss_equals_reference_function(policy, other, pairs, tokenizer):
 
 def test_precomputed_reference_equals_live_reference(policy, other, other_model_dir, tiny_model_dir, pairs,
                                                      tokenizer):
-    cfg = SimpleNamespace(ref_pretrain=other_model_dir, pretrain=tiny_model_dir, attn_implementation="sdpa",
-                          param_dtype="auto", micro_train_batch_size=2)  # 2 chunks, the last one short
+    """dpo's --ref_pretrain: the precomputed log-probs are those of that model (not of --pretrain, the policy)."""
+    cfg = parse_config("dpo", None, ["--pretrain", tiny_model_dir, "--ref_pretrain", other_model_dir, "--dataset", "d",
+                                     "--micro_train_batch_size", "2"])  # 2 chunks, the last one short
     owned = not dist.is_initialized()
     try:
         annotate_reference(cfg, pairs, tokenizer.pad_token_id,
@@ -123,12 +149,15 @@ def test_dpo_without_reference_log_probs_is_an_error(policy, pairs, tokenizer):
 
 
 @pytest.mark.parametrize("loss_type,margin", [("sigmoid", False), ("logexp", True)])
-def test_reward_model_loss_equals_reference_function(tiny_reward_model_dir, pairs, tokenizer, loss_type, margin):
+def test_reward_model_loss_equals_reference_function(tiny_reward_model_dir, pairs, tokenizer, loss_type, margin,
+                                                     dist_info):
+    """rm's --loss (parsed) through rm_method's loss: sigmoid and logexp both give the Bradley-Terry value."""
     from rlhfkit.models.loading import load_scalar_model, scalar_outputs
 
     model = load_scalar_model(tiny_reward_model_dir).eval()
     samples = [dict(s, margin=0.5 * i) for i, s in enumerate(pairs)] if margin else pairs
-    loss, metrics = rm_batch_loss(model, collate_rm(samples, tokenizer.pad_token_id), loss_type=loss_type)
+    cfg = parse_config("rm", None, ["--pretrain", tiny_reward_model_dir, "--dataset", "d", "--loss", loss_type])
+    loss, metrics = rm_method(cfg, tokenizer, dist_info).loss(model, collate_rm(samples, tokenizer.pad_token_id))
 
     def reward(ids):
         ids_t = torch.tensor([ids])
@@ -144,7 +173,9 @@ def test_reward_model_loss_equals_reference_function(tiny_reward_model_dir, pair
     assert float(metrics["accuracy"]) == float((chosen > rejected).sum())
 
 
-def test_kto_loss_equals_reference_function(policy, other, tokenizer):
+def test_kto_loss_equals_reference_function(policy, other, other_model_dir, tiny_model_dir, tokenizer, dist_info):
+    """kto's --beta, --desirable_loss_weight and --undesirable_loss_weight, parsed, through kto_method's loss (the
+    reference live from --ref_pretrain) against the reference function with the same values."""
     from rlhfkit.data.unpaired import build_unpaired_samples
 
     samples, _ = build_unpaired_samples(unpaired_rows(5, seed=3), tokenizer, input_key="input", output_key="output",
@@ -158,13 +189,16 @@ def test_kto_loss_equals_reference_function(policy, other, tokenizer):
                      == s["kl_input_ids"][s["prompt_len"]:]) for s in samples]
     assert sorted(partners) == list(range(5)) and all(i != j for i, j in enumerate(partners))
     batch = collate_kto(samples, tokenizer.pad_token_id)
-    loss, metrics = kto_batch_loss(policy, batch, beta=0.3, desirable_loss_weight=1.5, undesirable_loss_weight=0.5,
-                                   ref_model=other)
+    cfg = parse_config("kto", None, ["--pretrain", tiny_model_dir, "--ref_pretrain", other_model_dir, "--ref_mode",
+                                     "live", "--dataset", "d", "--beta", "0.3", "--desirable_loss_weight", "1.5",
+                                     "--undesirable_loss_weight", "0.5"])
+    loss, metrics = kto_method(cfg, tokenizer, dist_info).loss(policy, batch)
     logps, _ = side_logps(policy, samples, *COMPLETION)
     kl, _ = side_logps(policy, samples, *MISMATCHED)
     ref, _ = side_logps(other, samples, *COMPLETION)
     ref_kl, _ = side_logps(other, samples, *MISMATCHED)
     desirable = torch.tensor([s["label"] for s in samples])
+    assert 0 < int(desirable.sum()) < len(samples)  # both weights act
     expected, rewards, z = kto_loss(logps, ref, desirable, kl, ref_kl, beta=0.3, desirable_loss_weight=1.5,
                                     undesirable_loss_weight=0.5, reduction="sum")
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
@@ -173,7 +207,8 @@ def test_kto_loss_equals_reference_function(policy, other, tokenizer):
     assert float(metrics["signed_reward"]) == pytest.approx(float((sign * rewards).sum()), abs=1e-4)
 
 
-def test_kd_loss_equals_reference_function(policy, other, tokenizer):
+def test_kd_loss_equals_reference_function(policy, other, other_model_dir, tiny_model_dir, tokenizer, dist_info):
+    """kd's --kd_coef 0.25 (parsed; the default is 0.4) through kd_method's loss: 0.75 NLL + 0.25 KL, float64."""
     from rlhfkit.data.sft import build_sft_samples
 
     samples, _ = build_sft_samples(echo_rows(3, seed=4), tokenizer, input_key="input", output_key="output",
@@ -181,7 +216,9 @@ def test_kd_loss_equals_reference_function(policy, other, tokenizer):
     from rlhfkit.data.collate import collate_padded
 
     batch = collate_padded(samples, tokenizer.pad_token_id)
-    loss, metrics = kd_batch_loss(policy, other, batch, kd_coef=0.4)
+    cfg = parse_config("kd", None, ["--pretrain", tiny_model_dir, "--teacher_model", other_model_dir, "--dataset", "d",
+                                    "--kd_coef", "0.25"])
+    loss, metrics = kd_method(cfg, tokenizer, dist_info).loss(policy, batch)
     # Reference: the full [B, T, V] functions in float64, with the whole batch's token count as the normaliser.
     student64, teacher64 = copy.deepcopy(policy).double(), copy.deepcopy(other).double()
     with torch.no_grad():
@@ -192,21 +229,24 @@ def test_kd_loss_equals_reference_function(policy, other, tokenizer):
     assert nll.dtype == torch.float64
     assert float(metrics["nll"]) == pytest.approx(float(nll), rel=1e-5)
     assert float(metrics["kd_kl"]) == pytest.approx(float(kl), rel=1e-4)
-    assert float(loss) == pytest.approx(float(0.6 * nll + 0.4 * kl), rel=1e-5)
+    assert float(loss) == pytest.approx(float(0.75 * nll + 0.25 * kl), rel=1e-5)
 
 
 @pytest.mark.parametrize("soft", [False, True], ids=["hard", "soft"])
-def test_prm_loss_equals_reference_function(policy, tokenizer, soft):
+def test_prm_loss_equals_reference_function(policy, tiny_model_dir, tokenizer, soft, dist_info):
+    """prm's --placeholder_token and --reward_tokens, parsed, through prm_samples and prm_method's loss: the
+    cross-entropy over the two reward tokens at each placeholder, by hand."""
     rows = process_rows(3, seed=6)
     if soft:
         rows = [dict(r, label=[0.9 if x == "+" else 0.2 for x in r["label"]]) for r in rows]
-    cfg = SimpleNamespace(input_key="input", label_key="label", placeholder_token="§", reward_tokens=["+", "-"],
-                          input_template=None, max_len=128)
+    cfg = parse_config("prm", None, ["--pretrain", tiny_model_dir, "--dataset", "d", "--input_key", "input",
+                                     "--label_key", "label", "--placeholder_token", "§", "--reward_tokens", "+", "-",
+                                     "--max_len", "128"])
     samples, stats = prm_samples(cfg, tokenizer, rows)
     assert stats["label_kind"] == ("soft" if soft else "hard")
     placeholder, reward_ids = tokenizer.encode("§")[-1], [tokenizer.encode(t)[-1] for t in ("+", "-")]
     batch = collate_prm(samples, tokenizer.pad_token_id)
-    loss, metrics = prm_batch_loss(policy, batch, placeholder_token_id=placeholder, reward_token_ids=reward_ids)
+    loss, metrics = prm_method(cfg, tokenizer, dist_info).loss(policy, batch)
     steps = sum(s["num_steps"] for s in samples)
     with torch.no_grad():
         mean, acc = prm_token_loss(policy(**model_inputs(batch)).logits, batch["input_ids"], batch["labels"],
@@ -280,3 +320,33 @@ def test_packed_reward_model_batch_gives_the_padded_loss(tiny_reward_model_dir, 
                                   for p in (False, True))
     assert float(packed) == pytest.approx(float(padded), rel=1e-5)
     assert float(km["reward_margin"]) == pytest.approx(float(pm["reward_margin"]), abs=1e-4)
+
+
+def test_ref_mode_flag_precomputes_or_runs_the_reference_live(policy, other_model_dir, tiny_model_dir, tokenizer):
+    """dpo's --ref_mode through the trainer's own code (dpo_samples, dpo_method): precompute (the default) attaches
+    the reference's log-probs to the samples and the loss needs no model; --ref_mode live attaches none and the
+    method runs the reference per batch; both give the same loss."""
+    from rlhfkit.cli.dpo import GROUPS
+    from rlhfkit.config.parse import parse_config
+    from rlhfkit.engine.distributed import init_distributed
+    from rlhfkit.trainers.dpo import dpo_method, dpo_samples
+
+    rows = preference_rows(3, seed=5)
+    base = ["--pretrain", tiny_model_dir, "--ref_pretrain", other_model_dir, "--dataset", "d",
+            "--micro_train_batch_size", "2", "--beta", "0.1"]
+    owned = not dist.is_initialized()
+    try:
+        dist_info = init_distributed()
+        losses = {}
+        for mode, extra in (("precompute", []), ("live", ["--ref_mode", "live"])):
+            cfg = parse_config("dpo", GROUPS, base + extra)
+            samples, _ = dpo_samples(cfg, tokenizer, rows)
+            attached = [all(key in s for key in REF_KEYS) for s in samples]
+            assert attached == [mode == "precompute"] * len(rows), mode
+            method = dpo_method(cfg, tokenizer, dist_info)
+            with torch.no_grad():
+                losses[mode] = float(method.loss(policy, method.collate(samples))[0])
+    finally:
+        if owned:
+            shutdown_distributed()
+    assert losses["live"] == pytest.approx(losses["precompute"], rel=1e-5)

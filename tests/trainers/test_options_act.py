@@ -38,12 +38,13 @@ def _extra_flags(command: str, tiny_model_dir: str) -> dict:
 
 
 def _split_folder(command: str, root: Path) -> str:
-    """A save_to_disk DatasetDict: split 'train' with 16 rows, split 'held' with 24."""
+    """A save_to_disk DatasetDict: split 'train' with 16 rows, split 'held' with 24, split 'check' with 8."""
     from datasets import Dataset, DatasetDict
 
-    rows = [{RENAMED.get(k, k): v for k, v in row.items()} for row in ROWS[command](40, 1)]
+    rows = [{RENAMED.get(k, k): v for k, v in row.items()} for row in ROWS[command](48, 1)]
     path = root / f"{command}_splits"
-    DatasetDict({"train": Dataset.from_list(rows[:16]), "held": Dataset.from_list(rows[16:])}).save_to_disk(path)
+    DatasetDict({"train": Dataset.from_list(rows[:16]), "held": Dataset.from_list(rows[16:40]),
+                 "check": Dataset.from_list(rows[40:])}).save_to_disk(path)
     return str(path)
 
 
@@ -73,14 +74,14 @@ def test_offline_scaffold_flags_reach_the_model_data_and_engine(command, tiny_mo
     """Also --input_key / --output_key / --label_key / --prompt_key: the rows' keys are renamed (RENAMED)."""
     folder = _split_folder(command, tmp_path)
     flags = {"pretrain": tiny_model_dir, "dataset": folder, "dataset_split": "held", "max_samples": 20,
-             "eval_dataset": folder, "eval_split": "train", "train_batch_size": 4, "micro_train_batch_size": 2,
+             "eval_dataset": folder, "eval_split": "check", "train_batch_size": 4, "micro_train_batch_size": 2,
              "max_epochs": 3, "attn_implementation": "eager", "lora_rank": 4, "lora_alpha": 8, "lora_dropout": 0.25,
              "target_modules": ["q_proj", "v_proj"], "tokenizer_chat_template": CUSTOM_TEMPLATE,
              "full_determinism": True, "packing_samples": True, "seed": 11, "run_dir": str(tmp_path / "run"),
              "save_path": str(tmp_path / "hf"), **_extra_flags(command, tiny_model_dir)}
     seen = _reach_loop(monkeypatch, command, flags)
-    # --dataset_split held (24 rows) cut by --max_samples 20; --eval_split train (16 rows)
-    assert len(seen["train"]) == 20 and len(seen["eval"]) == 16
+    # --dataset_split held (24 rows) cut by --max_samples 20; --eval_split check (8 rows, not train's 16)
+    assert len(seen["train"]) == 20 and len(seen["eval"]) == 8
     # --train_batch_size 4 / --micro_train_batch_size 2 on one rank; --max_epochs 3
     assert (seen["plan"].accumulation, seen["plan"].steps_per_epoch, seen["plan"].total_steps) == (2, 5, 15)
     model = seen["engine"].model
@@ -99,6 +100,27 @@ def test_offline_scaffold_flags_reach_the_model_data_and_engine(command, tiny_mo
     parts = [batch] if is_packed(batch) else [v for v in batch.values() if isinstance(v, dict) and is_packed(v)]
     assert parts and all(part["input_ids"].shape[0] == 1 for part in parts)  # (kto: completion and mismatched)
     assert seen["cfg"].seed == 11 and (tmp_path / "run" / "manifest.json").is_file()  # --run_dir
+
+
+@pytest.mark.parametrize("command", ["sft", "rm", "dpo", "kto", "kd"])
+def test_parallel_flags_are_checked_against_the_world_by_the_command(command, tiny_model_dir, tmp_path):
+    """--ring_attn_size, --ring_head_stride and (sft, rm, dpo, kto) --tp_size, the alias of --ds_tensor_parallel_size,
+    as the command parses them, reach its scaffold's set-up (setup_context_parallel, setup_tp) before any data is
+    read: in this one-process world a ring or tensor-parallel group of 2 ranks cannot be formed, and a head stride
+    without a ring is refused. (The 2-rank runs that split sequences and weights are tests/e2e/test_ring_attention.py
+    and tests/e2e/test_tensor_parallel.py.)"""
+    import re
+
+    main = importlib.import_module(f"rlhfkit.cli.{command}").main
+    base = ["--pretrain", tiny_model_dir, "--dataset", str(tmp_path / "never_read.jsonl")]
+    base += ["--teacher_model", tiny_model_dir] if command == "kd" else []
+    cases = [(["--ring_attn_size", "2"], "--ring_attn_size 2 must divide the world size 1"),
+             (["--ring_head_stride", "2"], "--ring_head_stride 2 acts only with --ring_attn_size > 1")]
+    if command != "kd":  # kd refuses the tensor-parallel flags when parsing (test_tensor_parallel.py)
+        cases.append((["--tp_size", "2"], "--ds_tensor_parallel_size 2 must divide the world size 1"))
+    for flags, message in cases:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            main(base + flags)
 
 
 def test_dataset_probs_mix_the_training_sets(tiny_model_dir, tmp_path):
@@ -130,7 +152,7 @@ def _engine(tiny_model_dir: str, argv: list[str], total_steps: int = 10, command
     from rlhfkit.engine.train_engine import TrainEngine
     from rlhfkit.models.loading import load_causal_lm
 
-    cfg = parse_config(command, GROUPS, argv)
+    cfg = parse_config(command, GROUPS if command == "sft" else None, argv)
     torch.manual_seed(0)
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
     return TrainEngine(load_causal_lm(tiny_model_dir), cfg, info, total_steps)
@@ -194,10 +216,12 @@ def test_adam_betas_and_l2_reach_the_optimizer(tiny_model_dir):
     assert torch.allclose(param.detach(), ref.detach(), atol=1e-7)
 
 
-def test_max_norm_clips_the_gradient(tiny_model_dir):
+@pytest.mark.parametrize("command", ["sft", "rm", "dpo", "kto", "kd", "prm"])
+def test_max_norm_clips_the_gradient(tiny_model_dir, command):
+    """Each offline command's --max_norm reaches its engine (one TrainEngine for all of them)."""
     norms = {}
     for max_norm in ("0.5", "0"):
-        engine = _engine(tiny_model_dir, ["--max_norm", max_norm])
+        engine = _engine(tiny_model_dir, ["--max_norm", max_norm], command=command)
         for p in engine.model.parameters():
             p.grad = torch.ones_like(p)
         full = torch.sqrt(sum((p.grad ** 2).sum() for p in engine.model.parameters())).item()
