@@ -139,6 +139,16 @@ def test_long_call_on_a_live_rank_outlasts_the_hang_timeout(reference_rank, proc
           f"board, longest silence seen {max(answered):.2f} s")
 
 
+def test_a_negative_trainer_hang_timeout_is_refused():
+    from rlhfkit.errors import ConfigError
+    from rlhfkit.rl.validate import validate_rl
+
+    flags = ["--pretrain", "m", "--prompt_data", "p", "--remote_rm_url", "builtin:format"]
+    with pytest.raises(ConfigError, match=r"--trainer_hang_timeout -1\.0: must be >= 0 seconds \(0 turns"):
+        validate_rl(parse_config("ppo", None, [*flags, "--trainer_hang_timeout", "-1"]))
+    validate_rl(parse_config("ppo", None, [*flags, "--trainer_hang_timeout", "0"]))  # 0: off
+
+
 @pytest.mark.slow
 def test_actor_rank_stopped_mid_run_stops_it_within_120_s_with_default_flags(ray_cluster, tiny_model_dir, tmp_path,
                                                                            monkeypatch, process_settings):
