@@ -26,7 +26,7 @@ from typing import Any
 
 DEFAULT_TRAINER_HANG_TIMEOUT_S = 60.0
 BEAT_INTERVAL_MAX_S = 5.0
-BOARD_NAME = "rlhfkit-heartbeats"  # one board per Ray job (named, created by the first model group that needs it)
+BOARD_NAME = "rlhfkit-heartbeats-{job}"  # one board per Ray job (created by the first model group that needs it)
 KILL_WAIT_S = 30.0  # how long a hung rank's kill is awaited (Ray's actor table saying DEAD) before the error
 
 
@@ -56,14 +56,16 @@ class HeartbeatBoard:
 
 
 def heartbeat_board() -> Any:
-    """The job's `HeartbeatBoard` actor (created on the calling process's node on first use, then found by name)."""
+    """The job's `HeartbeatBoard` actor: created on the calling process's node on first use, then found by its name,
+    which holds the Ray job id (two drivers on one cluster each have their own; a board lives as long as its job)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    context = ray.get_runtime_context()
+    here = NodeAffinitySchedulingStrategy(context.get_node_id(), soft=True)
     board_cls = ray.remote(HeartbeatBoard)
-    return board_cls.options(name=BOARD_NAME, get_if_exists=True, num_cpus=0, max_concurrency=8,  # type: ignore[attr-defined]
-                             scheduling_strategy=here).remote()
+    return board_cls.options(name=BOARD_NAME.format(job=context.get_job_id()),  # type: ignore[attr-defined]
+                             get_if_exists=True, num_cpus=0, max_concurrency=8, scheduling_strategy=here).remote()
 
 
 class Heartbeat:
@@ -112,7 +114,7 @@ class HeartbeatCheck:
         self.handles = handles
         self.actor_ids = [h._actor_id.hex() for h in handles]
         self.interval = beat_interval(self.hang_timeout_s)
-        self.due = began  # the first look at once: a rank already silent before the call is named early
+        self.due = began + self.interval  # the first look: a short call never asks the board
         self.in_flight: tuple[Any, list[int]] | None = None  # (query ref, the callees asked about)
         self.silent_s: dict[int, float] = {}  # callee -> its silence at the last answer
 

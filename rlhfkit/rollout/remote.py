@@ -220,10 +220,10 @@ def _silent_error(beats: HeartbeatCheck, hung: list[int], role: str, method: str
     silent = max(beats.silent_s[i] for i in hung)
     return RemoteActorHung(
         f"{method} on {_who(role, [ranks[i] for i in hung], [beats.handles[i] for i in hung])}: hung, no heartbeat "
-        f"for {silent:.1f} s (--trainer_hang_timeout {beats.hang_timeout_s:g}), {waited:.1f} s into the call; "
-        "killed. The process was stopped, frozen, or held the interpreter: see its log in <run_dir>/logs/ (a live "
-        f"rank, however long its step, beats every {beats.interval:g} s from a thread of its own). Resume from the "
-        "last checkpoint with --load_checkpoint.",
+        f"for {silent:.1f} s (--trainer_hang_timeout {beats.hang_timeout_s:g}), found {waited:.1f} s into the "
+        "wait; killed. The process was stopped, frozen, or held the interpreter: see its log in <run_dir>/logs/ "
+        f"(a live rank, however long its step, beats every {beats.interval:g} s from a thread of its own). Resume "
+        "from the last checkpoint with --load_checkpoint.",
         role=role, ranks=[ranks[i] for i in hung], method=method, waited_s=waited)
 
 

@@ -197,4 +197,4 @@ def test_actor_rank_stopped_mid_run_stops_it_within_120_s_with_default_flags(ray
     assert process_gone(seen["survivor"]["pid"], 10.0), "the surviving rank's process is still there"
     assert [r["step"] for r in metrics_rows(tmp_path / "run")] == [1]
     print(f"\n[hang] actor rank 1 stopped at step 2: {type(err).__name__} ({err.method}) raised {detected_s:.1f} s "
-          f"after the stop ({err.waited_s:.1f} s into the call)")
+          f"after the stop (found {err.waited_s:.1f} s into the wait)")
