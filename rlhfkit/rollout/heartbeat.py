@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_TRAINER_HANG_TIMEOUT_S = 60.0
 BEAT_INTERVAL_MAX_S = 5.0
 BOARD_NAME = "rlhfkit-heartbeats-{job}"  # one board per Ray job (created by the first model group that needs it)
 KILL_WAIT_S = 30.0  # how long a hung rank's kill is awaited (Ray's actor table saying DEAD) before the error
