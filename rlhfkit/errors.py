@@ -64,8 +64,9 @@ class RemoteCallTimeout(RemoteCallError):
 
 
 class RemoteActorHung(RemoteCallTimeout):
-    """A callee stopped answering its liveness probe (its `ping`, served on a thread of its own) while a call ran
-    (--engine_hang_timeout): its process is stopped, frozen, or holds the interpreter; the call is abandoned."""
+    """A callee stopped answering its liveness probe (an engine's `ping`, served on a thread of its own;
+    --engine_hang_timeout) or sending heartbeats (a model-group rank; --trainer_hang_timeout) while a call ran: its
+    process is stopped, frozen, or holds the interpreter; the call is abandoned (a hung rank is killed)."""
 
 
 class RemoteActorDied(RemoteCallError):

@@ -34,6 +34,7 @@ from rlhfkit.config.effect_types import (
     _PPO_SETUP,
     _PRECISION,
     _PUSH,
+    _RANK_HANGS,
     _REFUSED_PPO,
     _REMOTE,
     _RUNS,
@@ -192,6 +193,15 @@ EFFECTS: dict[str, Effect] = {
                               "probe_off",
                               _HANGS + "test_long_generation_on_a_live_engine_outlasts_the_hang_timeout",
                               _HANGS + "test_long_generation_in_a_run_is_not_interrupted_by_a_short_hang_timeout"),
+    "trainer_hang_timeout": _t("a model-group rank stopped inside a call is killed and named hung (RemoteActorHung: "
+                               "role, rank, node, method) within the hang timeout (2 s here) although the deadline is "
+                               "600 s; a live call over twice the timeout (3 s) finishes, its rank beating all along; "
+                               "with the default (60 s) a rank stopped mid-run stops the run within 120 s; < 0 refused",
+                               _RANK_HANGS + "test_rank_stopped_inside_a_call_is_named_hung_and_killed_within_the_"
+                               "hang_timeout",
+                               _RANK_HANGS + "test_long_call_on_a_live_rank_outlasts_the_hang_timeout",
+                               _RANK_HANGS + "test_actor_rank_stopped_mid_run_stops_it_within_120_s_with_default_flags",
+                               _RANK_HANGS + "test_a_negative_trainer_hang_timeout_is_refused"),
     "max_engine_restarts": _t("a killed and a hung engine are restarted, synced and counted (fault/engine_restarts "
                               "1, then 2; one events.jsonl line each) and the run finishes",
                               _FAULTS + "test_killed_then_hung_engine_is_restarted_synced_and_the_run_finishes"),

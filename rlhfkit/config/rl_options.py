@@ -48,6 +48,13 @@ class PlacementOptions:
                                            "it). The probe runs on a thread of its own, so a long but live "
                                            "generation is never interrupted; a stopped or frozen engine is found "
                                            "within this + 5 s. 0: no probes (--remote_call_timeout alone)")
+    trainer_hang_timeout: float = opt(60.0, "seconds a model-group rank (actor, reference, critic, reward model) "
+                                            "may go without a heartbeat while a call to it runs before it is "
+                                            "declared hung: killed, and the run stops with an error naming role, "
+                                            "rank, node and method (resume with --load_checkpoint). Each rank beats "
+                                            "every min(5 s, this / 4) from a thread of its own, so a long but live "
+                                            "step is never interrupted; a stopped or frozen rank is found within "
+                                            "this + 5 s. 0: no heartbeats (--remote_call_timeout alone)")
 
 
 @dataclass

@@ -16,6 +16,7 @@ from rlhfkit.config.commands import PPOConfig
 from rlhfkit.launch.ray_cluster import cluster_has_gpus
 from rlhfkit.rl.ring import rank_rows, ring_size_of
 from rlhfkit.rl.worker import ModelWorker
+from rlhfkit.rollout.heartbeat import Heartbeats, heartbeat_board
 from rlhfkit.rollout.remote import remote_call_timeout, wait_remote
 
 
@@ -64,7 +65,9 @@ def bundle_index(placement_group: Any, rank: int, world_size: int) -> int:
 
 
 class ModelGroup:
-    """Creates the ranks, initialises their models, and splits batches across them."""
+    """Creates the ranks, initialises their models, and splits batches across them. Each rank beats to the job's
+    heartbeat board (`rlhfkit.rollout.heartbeat`), and every wait on the ranks checks the beats: a rank silent for
+    `--trainer_hang_timeout` seconds (0: not checked) is killed and named hung (`heartbeats`)."""
 
     def __init__(self, role: str, cfg: PPOConfig, placement_group: Any, world_size: int, num_nodes: int = 1,
                  share_bundles: float = 1.0, cpu_threads_share: int = 0) -> None:
@@ -77,6 +80,8 @@ class ModelGroup:
         self.placement_group = placement_group
         self.params = 0  # the model's parameter count, once init_model has run (rl.setup)
         self.ring = ring_size_of(role, cfg)  # --ring_attn_size: a ring group's ranks take the same rows
+        board = heartbeat_board() if cfg.trainer_hang_timeout > 0 else None
+        self.heartbeats = Heartbeats(board, cfg.trainer_hang_timeout) if board is not None else None
         gpus = cluster_has_gpus()
         remote_cls = ray.remote(ModelWorker)
         self.workers: list[Any] = []
@@ -93,7 +98,7 @@ class ModelGroup:
                 # One node: rendezvous on loopback; several: on rank 0's node address.
                 master_addr = "127.0.0.1" if num_nodes == 1 else node_ip
             self.workers.append(worker.remote(role, cfg, rank, world_size, master_addr, master_port,
-                                             cpu_threads_share))
+                                             cpu_threads_share, board))
 
     def shutdown(self) -> None:
         """Kill the ranks (their process group goes with them)."""
@@ -101,6 +106,8 @@ class ModelGroup:
 
         for worker in self.workers:
             ray.kill(worker)
+        if self.heartbeats is not None:
+            self.heartbeats.board.forget.remote([w._actor_id.hex() for w in self.workers])
         self.workers = []
 
     @property
@@ -110,7 +117,7 @@ class ModelGroup:
     def call(self, method: str, *args, **kwargs) -> list[Any]:
         """Call `method` on every rank with the same arguments; return every rank's result."""
         refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
-        return wait_remote(refs, role=self.role, method=method, handles=self.workers)
+        return wait_remote(refs, role=self.role, method=method, handles=self.workers, heartbeats=self.heartbeats)
 
     def rank_rows(self, rows: int) -> list[list[int]]:
         """The rows of a `rows`-row batch each rank takes: split over the data-parallel ranks, the same rows for the
@@ -136,7 +143,7 @@ class ModelGroup:
         ring = self.ring
         return Pending(refs, lambda outputs: torch.cat([out[:len(part)] for out, part in
                                                         zip(outputs[::ring], parts[::ring])]),
-                       (self.role, method, self.workers))
+                       (self.role, method, self.workers), self.heartbeats)
 
     def scatter(self, method: str, shards: Sequence[dict[str, torch.Tensor]], *args,
                 per_rank: Sequence[Sequence[Any]] | None = None) -> list[Any]:
@@ -147,17 +154,18 @@ class ModelGroup:
                       per_rank: Sequence[Sequence[Any]] | None = None, **kwargs) -> Pending:
         extras = per_rank if per_rank is not None else [()] * len(self.workers)
         return Pending([getattr(w, method).remote(s, *args, *extra, **kwargs)
-                        for w, s, extra in zip(self.workers, shards, extras)], list, (self.role, method, self.workers))
+                        for w, s, extra in zip(self.workers, shards, extras)], list, (self.role, method, self.workers),
+                       self.heartbeats)
 
 
 class Pending:
     """Results of calls already sent to a group's ranks; `get()` waits (with the deadline, naming the callee on a
-    timeout or a dead rank: `rlhfkit.rollout.remote.wait_remote`) and assembles them. `callees`: (role, method,
-    worker handles), one handle per ref."""
+    timeout, a dead or a hung rank: `rlhfkit.rollout.remote.wait_remote`) and assembles them. `callees`: (role,
+    method, worker handles), one handle per ref; `heartbeats`: the ranks' heartbeat check (ModelGroup.heartbeats)."""
 
     def __init__(self, refs: list[Any], assemble: Callable[[list[Any]], Any],
-                 callees: tuple[str, str, list[Any]] | None = None) -> None:
-        self.refs, self.assemble, self.callees = refs, assemble, callees
+                 callees: tuple[str, str, list[Any]] | None = None, heartbeats: Heartbeats | None = None) -> None:
+        self.refs, self.assemble, self.callees, self.heartbeats = refs, assemble, callees, heartbeats
 
     def get(self) -> Any:
         import ray
@@ -165,7 +173,8 @@ class Pending:
         if self.callees is None:
             return self.assemble(ray.get(self.refs))
         role, method, handles = self.callees
-        return self.assemble(wait_remote(self.refs, role=role, method=method, handles=handles))
+        return self.assemble(wait_remote(self.refs, role=role, method=method, handles=handles,
+                                         heartbeats=self.heartbeats))
 
 
 def run_side_by_side(calls: Sequence[tuple[ModelGroup, Callable[[], Pending]]]) -> list[Any]:

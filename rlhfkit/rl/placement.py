@@ -63,7 +63,9 @@ def plan_placement(cfg: PPOConfig, plan: RLPlan, reward_specs: list[str], create
 def collect_whereabouts(groups: list[Any], engines: list[Any]) -> list[dict[str, Any]]:
     """Every rank of every model group, then every engine (`engine` = its index in the run's list). Each call has
     the run's deadline (--remote_call_timeout): a hung or dead rank or engine raises `RemoteCallTimeout` /
-    `RemoteActorDied` naming it (role, rank, node, `whereabouts`), as every other call of the run does."""
-    ranks = [entry for group in groups for entry in call_all(group.workers, "whereabouts", role=group.role)]
+    `RemoteActorDied` naming it (role, rank, node, `whereabouts`), and a rank silent past --trainer_hang_timeout
+    `RemoteActorHung`, as every other call of the run does."""
+    ranks = [entry for group in groups for entry in call_all(group.workers, "whereabouts", role=group.role,
+                                                             heartbeats=group.heartbeats)]
     found = call_all(engines, "whereabouts", role="engine") if engines else []
     return ranks + [{**entry, "engine": k} for k, entry in enumerate(found)]

@@ -197,7 +197,8 @@ def _init_all(pending: list[InitCall]) -> list[int]:
     counts = []
     for (g, args), group_refs in zip(pending, refs):
         try:
-            counts.append(wait_remote(group_refs, role=g.role, method=args[0], handles=g.workers)[0])
+            counts.append(wait_remote(group_refs, role=g.role, method=args[0], handles=g.workers,
+                                      heartbeats=g.heartbeats)[0])
         except RemoteCallError:  # names the role, rank, node and method already
             raise
         except Exception as err:

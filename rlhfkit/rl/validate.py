@@ -36,6 +36,9 @@ def validate_rl(cfg: PPOConfig) -> None:
     if not cfg.engine_hang_timeout >= 0:
         raise ConfigError(f"--engine_hang_timeout {cfg.engine_hang_timeout}: must be >= 0 seconds (0 turns the "
                           "engines' liveness probes off; the default, 60, finds a stopped engine within a minute)")
+    if not cfg.trainer_hang_timeout >= 0:
+        raise ConfigError(f"--trainer_hang_timeout {cfg.trainer_hang_timeout}: must be >= 0 seconds (0 turns the "
+                          "model ranks' heartbeats off; the default, 60, finds a stopped rank within a minute)")
     if not (cfg.remote_rm_url or cfg.reward_pretrain or cfg.agent_func_path or cfg.rollout_replay_dir):
         raise ConfigError("give a reward: --remote_rm_url (reward_func .py, builtin:NAME or http URL) "
                           "or --reward_pretrain")

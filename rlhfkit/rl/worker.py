@@ -66,13 +66,19 @@ def logprob_truncation(cfg: PPOConfig) -> SamplingTruncation | None:
 class ModelWorker:
     """A rank of a model group. `role` is 'actor', 'ref', 'critic' or 'reward'; `cfg` is the run's typed config (Ray
     pickles it to this process); `cpu_threads_share`: the model ranks that split a node's cores on CPU (0: this
-    role's ranks per node)."""
+    role's ranks per node); `heartbeat_board`: the job's heartbeat board, beaten to from a thread of this process
+    every few seconds so a stopped rank is found (`rlhfkit.rollout.heartbeat`; None: no beats). Every method runs
+    on the process's main thread."""
 
     model: torch.nn.Module  # set by init_model
 
     def __init__(self, role: str, cfg: PPOConfig, rank: int, world_size: int, master_addr: str,
-                 master_port: int, cpu_threads_share: int = 0) -> None:
+                 master_port: int, cpu_threads_share: int = 0, heartbeat_board: Any = None) -> None:
         from rlhfkit.observability.run import process_log_path, redirect_output
+        from rlhfkit.rollout.heartbeat import Heartbeat, beat_interval
+
+        self.heartbeat = Heartbeat(heartbeat_board, beat_interval(cfg.trainer_hang_timeout)) \
+            if heartbeat_board is not None and cfg.trainer_hang_timeout > 0 else None  # first: beats from here on
 
         log_path = process_log_path(cfg.run_dir, cfg.verbose, f"{role}_rank{rank}")
         if log_path:  # this rank's library logs go to the run folder, not the driver's console

@@ -17,6 +17,10 @@ however long its generation; a stopped or frozen process answers nothing. A prob
 `--engine_hang_timeout` seconds (default 60; 0: no probes) raises `RemoteActorHung` naming the engine, which the
 run handles as a dead engine (`rlhfkit.rl.engine_faults`). The driver sets the timeout for its process
 (`set_engine_hang_timeout`), and so does the actor rank that drives the weight broadcast.
+
+Model-group ranks compute on their main thread and cannot answer a probe mid-step: they send heartbeats from a
+thread of their own instead (`rlhfkit.rollout.heartbeat`), and a wait given `heartbeats=` names a rank silent for
+`--trainer_hang_timeout` seconds (default 60) hung (`RemoteActorHung`), after killing it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlhfkit.errors import RemoteActorDied, RemoteActorHung, RemoteCallError, RemoteCallTimeout
+from rlhfkit.rollout.heartbeat import HeartbeatCheck, Heartbeats
 
 DEFAULT_REMOTE_CALL_TIMEOUT_S = 1800.0
 # An error a collective raises when one of its peers is gone (gloo, NCCL, the store): the peer is the culprit
@@ -94,14 +99,17 @@ def _who(role: str, ranks: Sequence[int], handles: Sequence[Any]) -> str:
 
 def wait_remote(refs: Sequence[Any], *, role: str, method: str, handles: Sequence[Any],
                 ranks: Sequence[int] | None = None, timeout_s: float | None = None,
-                started: float | None = None, hang_timeout_s: float | None = None) -> list[Any]:
+                started: float | None = None, hang_timeout_s: float | None = None,
+                heartbeats: Heartbeats | None = None) -> list[Any]:
     """`ray.get(refs)` with a deadline; `refs[i]` is `method` called on actor `handles[i]` (rank `ranks[i]`, default
     `i`) of `role`. Raises `RemoteActorDied` as soon as any callee is found dead, `RemoteCallTimeout` naming every
     callee still pending at the deadline; an error of the callee's own code is raised as Ray raises it.
     `started` (`time.monotonic()`): when the wait began, if before this call (the deadline counts from then).
     Engines (`role` "engine") still working are probed meanwhile (`LivenessProbes`): one whose probe goes
     unanswered for `hang_timeout_s` (default: this process's `--engine_hang_timeout`; 0: no probes) raises
-    `RemoteActorHung` naming it."""
+    `RemoteActorHung` naming it. Model-group ranks (`heartbeats`: the board they beat to and the silence that is a
+    hang, `rlhfkit.rollout.heartbeat`) are checked meanwhile: one still working and silent for
+    `heartbeats.hang_timeout_s` (`--trainer_hang_timeout`) is killed and `RemoteActorHung` names it."""
     import ray
     from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
@@ -112,18 +120,26 @@ def wait_remote(refs: Sequence[Any], *, role: str, method: str, handles: Sequenc
     if hang_timeout_s is None:
         hang_timeout_s = engine_hang_timeout() if role == "engine" else 0.0
     probes = LivenessProbes(handles, hang_timeout_s, began) if hang_timeout_s > 0 and method != "ping" else None
+    beats = HeartbeatCheck(heartbeats, handles, began) if heartbeats is not None and \
+        heartbeats.hang_timeout_s > 0 else None
     index = {ref: i for i, ref in enumerate(refs)}
     pending = list(refs)
     while pending:
         now = time.monotonic()
         left = deadline_s - (now - began)
+        wait_s = left
         if probes is not None:
             hung = probes.check([index[r] for r in pending], now)
             if hung:
                 raise probes.hung_error(hung, role, method, ranks, began)
-            wait_s = min(left, probes.next_event([index[r] for r in pending], now) - now)
-        else:
-            wait_s = left
+            wait_s = min(wait_s, probes.next_event([index[r] for r in pending], now) - now)
+        if beats is not None:
+            hung = beats.check([index[r] for r in pending], now)
+            if hung:
+                error = _silent_error(beats, hung, role, method, ranks, began)  # names the node before the kill
+                beats.kill(hung)
+                raise error
+            wait_s = min(wait_s, beats.next_event(now) - now)
         ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, wait_s)) if left > 0 else ([], pending)
         if not ready and time.monotonic() - began >= deadline_s:
             waited = time.monotonic() - began
@@ -198,6 +214,19 @@ class LivenessProbes:
             role=role, ranks=[ranks[i] for i in hung], method=method, waited_s=waited)
 
 
+def _silent_error(beats: HeartbeatCheck, hung: list[int], role: str, method: str, ranks: list[int],
+                  began: float) -> RemoteActorHung:
+    waited = time.monotonic() - began
+    silent = max(beats.silent_s[i] for i in hung)
+    return RemoteActorHung(
+        f"{method} on {_who(role, [ranks[i] for i in hung], [beats.handles[i] for i in hung])}: hung, no heartbeat "
+        f"for {silent:.1f} s (--trainer_hang_timeout {beats.hang_timeout_s:g}), found {waited:.1f} s into the "
+        "wait; killed. The process was stopped, frozen, or held the interpreter: see its log in <run_dir>/logs/ "
+        f"(a live rank, however long its step, beats every {beats.interval:g} s from a thread of its own). Resume "
+        "from the last checkpoint with --load_checkpoint.",
+        role=role, ranks=[ranks[i] for i in hung], method=method, waited_s=waited)
+
+
 def _died(err: BaseException, i: int, role: str, method: str, handles: Sequence[Any], ranks: Sequence[int],
           began: float) -> RemoteActorDied:
     waited = time.monotonic() - began
@@ -236,11 +265,12 @@ def _raise_dead_peer(err: BaseException, refs: list[Any], failed: int, role: str
 
 
 def call_all(handles: Sequence[Any], method: str, *args: Any, role: str, ranks: Sequence[int] | None = None,
-             timeout_s: float | None = None, hang_timeout_s: float | None = None, **kwargs: Any) -> list[Any]:
+             timeout_s: float | None = None, hang_timeout_s: float | None = None,
+             heartbeats: Heartbeats | None = None, **kwargs: Any) -> list[Any]:
     """`method(*args, **kwargs)` on every actor in `handles`, waited with `wait_remote`."""
     refs = [getattr(h, method).remote(*args, **kwargs) for h in handles]
     return wait_remote(refs, role=role, method=method, handles=handles, ranks=ranks, timeout_s=timeout_s,
-                       hang_timeout_s=hang_timeout_s)
+                       hang_timeout_s=hang_timeout_s, heartbeats=heartbeats)
 
 
 def ping_engines(engines: Sequence[Any], timeout_s: float | None = None) -> None:

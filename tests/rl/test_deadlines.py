@@ -171,13 +171,13 @@ def test_hung_rank_or_engine_in_collect_whereabouts_is_named(ray_cluster, short_
     try:
         ray_cluster.get([fine.whereabouts.remote(), engine_fine.whereabouts.remote()])  # started
         short_deadline()
-        group = SimpleNamespace(role="actor", workers=[fine, hung])
+        group = SimpleNamespace(role="actor", heartbeats=None, workers=[fine, hung])
         err, took = _timed(collect_whereabouts, [group], [engine_fine])
         assert isinstance(err, RemoteCallTimeout) and (err.role, err.ranks, err.method) == \
             ("actor", [1], "whereabouts")
         _named(err, "whereabouts on actor rank 1")
         assert DEADLINE_S <= took < DEADLINE_S + SLACK_S
-        err, took = _timed(collect_whereabouts, [SimpleNamespace(role="actor", workers=[fine])],
+        err, took = _timed(collect_whereabouts, [SimpleNamespace(role="actor", heartbeats=None, workers=[fine])],
                            [engine_fine, engine_hung])
         assert isinstance(err, RemoteCallTimeout) and err.ranks == [1]
         _named(err, "whereabouts on engine 1")
@@ -186,7 +186,7 @@ def test_hung_rank_or_engine_in_collect_whereabouts_is_named(ray_cluster, short_
         err, took = _timed(collect_whereabouts, [group], [])
         assert isinstance(err, RemoteActorDied) and took < SLACK_S
         _named(err, "whereabouts on actor rank 1")
-        placed = collect_whereabouts([SimpleNamespace(role="actor", workers=[fine])], [engine_fine])
+        placed = collect_whereabouts([SimpleNamespace(role="actor", heartbeats=None, workers=[fine])], [engine_fine])
         assert [sorted(p) for p in placed] == [["pid"], ["engine", "pid"]] and placed[1]["engine"] == 0
     finally:
         for handle in (fine, hung, engine_fine, engine_hung):
