@@ -96,25 +96,28 @@ def test_stopped_engine_is_named_hung_within_the_hang_timeout_and_0_turns_the_pr
 
 def test_long_generation_on_a_live_engine_outlasts_the_hang_timeout(ray_cluster, tiny_model_dir, process_settings,
                                                                     monkeypatch):
-    """A generate lasting several times --engine_hang_timeout (0.5 s here: a probe every 0.125 s) on a live engine
-    finishes with every sample: the probes, served beside the generation, were answered all along."""
+    """A generate lasting several times --engine_hang_timeout (2 s here: a probe every 0.5 s) on a live engine
+    finishes with every sample: the probes, served beside the generation, were answered all along. The work (32
+    prompts x 2 samples x 128 forced tokens, one prompt at a time) is sized to outlast 3 timeouts on a quiet machine,
+    and the timeout to stay far above a probe's answer time on a loaded one (1.5 s seen at load 18 on 2 cores)."""
     from rlhfkit.rollout.dispatch import generate_on_engines
     from rlhfkit.rollout.hf_engine import create_hf_engines
 
     [engine] = create_hf_engines(1, tiny_model_dir, dtype="float32", num_cpus_per_engine=0.25)
     spy = ProbeSpy(monkeypatch)
-    remote.set_engine_hang_timeout(0.5)
-    sampling = SamplingConfig(temperature=1.0, max_new_tokens=24, n=2, seed=1)
+    remote.set_engine_hang_timeout(2.0)
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=128, n=2, seed=1, ignore_eos=True)
+    prompts = [[1 + i % 50, 2, 3 + i % 7] for i in range(32)]
     try:
         began = time.monotonic()
-        samples = generate_on_engines([engine], [[1, 2, 3], [4, 5, 6, 7]], sampling)
+        samples = generate_on_engines([engine], prompts, sampling)
         took = time.monotonic() - began
     finally:
         ray_cluster.kill(engine)
-    assert len(samples) == 4 and all(s.response_ids for s in samples)
-    assert took > 3 * 0.5, f"the generation took {took:.2f} s: too short to show anything"
-    assert len(spy.sent) >= 4  # probed all along (every 0.125 s once due), each answered within 0.5 s
-    print(f"\n[hang] live generate of {took:.1f} s, {len(spy.sent)} probes answered (--engine_hang_timeout 0.5)")
+    assert len(samples) == 64 and all(len(s.response_ids) == 128 for s in samples)
+    assert took > 3 * 2.0, f"the generation took {took:.2f} s: too short to show anything"
+    assert len(spy.sent) >= 4  # probed all along (every 0.5 s once due), each answered within 2 s
+    print(f"\n[hang] live generate of {took:.1f} s, {len(spy.sent)} probes answered (--engine_hang_timeout 2)")
 
 
 @pytest.mark.slow
