@@ -114,7 +114,7 @@ class RLAlgorithmOptions:
                                    choices=["gae", "reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo",
                                             "on_policy_distill"])
     opd_kl_coef: float = opt(1.0, "on_policy_distill: weight of the per-token reverse-KL term (slime's "
-                                  "--opd-kl-coef); > 0")
+                                  "opd-kl-coef setting); > 0")
     opd_reward_weight: float = opt(0.0, "on_policy_distill: weight of the task advantage added to every token "
                                         "(the clipped sequence reward, minus its group mean with "
                                         "--n_samples_per_prompt >= 2); 0: pure distillation, the reward is only "
