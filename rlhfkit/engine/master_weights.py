@@ -44,13 +44,24 @@ def cast_parameters(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return model
 
 
-def stochastic_round_to_bf16(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def stochastic_round_to_bf16(x: torch.Tensor, generator: torch.Generator, out: torch.Tensor | None = None,
+                             scratch: torch.Tensor | None = None) -> torch.Tensor:
     """`x` (fp32) rounded to bf16 up or down at random, up with probability (x - lower) / (upper - lower), where lower
     and upper are the bf16 neighbours around x in magnitude: add 16 uniform random low bits to the fp32 bit
-    pattern, then drop the low 16 bits (truncation toward zero). Unbiased: E[result] = x. Finite inputs only."""
+    pattern, then drop the low 16 bits (truncation toward zero). Unbiased: E[result] = x. Finite inputs only.
+    `out`: a bf16 tensor of x's shape to write into (returned); `scratch`: an int32 buffer of at least x.numel()
+    elements to work in (the three passes then allocate nothing). The random draws (torch's CPU generator, one per
+    element, ~1.8 ns each) are most of the cost: 0.29 s for 135M weights against 0.02 s for a plain cast (AMD EPYC
+    Zen 5, 2 threads)."""
     bits = x.detach().to(torch.float32).contiguous().view(torch.int32)
-    noise = torch.randint(0, 1 << 16, bits.shape, dtype=torch.int32, generator=generator, device=bits.device)
-    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)  # low bits zero: the cast is exact
+    if scratch is None:
+        scratch = torch.empty(bits.numel(), dtype=torch.int32, device=bits.device)
+    noise = scratch.view(-1)[: bits.numel()].view(bits.shape)
+    noise.random_(0, 1 << 16, generator=generator)
+    noise.add_(bits).bitwise_and_(-65536)  # low bits zero: the cast below is exact
+    if out is None:
+        return noise.view(torch.float32).to(torch.bfloat16)
+    return out.copy_(noise.view(torch.float32))
 
 
 ROUNDINGS = ("nearest", "stochastic")
@@ -64,6 +75,7 @@ class MasterWeights:
             raise ValueError(f"rounding must be one of {ROUNDINGS}, not {rounding!r}")
         self.stochastic = rounding == "stochastic" and dtype == torch.bfloat16
         self.seed = seed
+        self.scratch: torch.Tensor | None = None
         self.masters = copy.deepcopy(model)  # fp32: the same names, the same ties
         cast_parameters(model, dtype)
         self.pairs = list(zip(model.parameters(), self.masters.parameters(), strict=True))
@@ -91,6 +103,14 @@ class MasterWeights:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step) if self.stochastic else None
         for param, master in self.pairs:
             if generator is not None and param.requires_grad:
-                param.copy_(stochastic_round_to_bf16(master, generator))
+                stochastic_round_to_bf16(master, generator, out=param.data, scratch=self._scratch())
             elif param.requires_grad or not trainable_only:
                 param.copy_(master)
+
+    def _scratch(self) -> torch.Tensor:
+        """One int32 buffer the size of the largest trainable parameter, for stochastic rounding (kept: 4 bytes per
+        element of that parameter)."""
+        if self.scratch is None:
+            largest = max(master.numel() for param, master in self.pairs if param.requires_grad)
+            self.scratch = torch.empty(largest, dtype=torch.int32, device=self.pairs[0][1].device)
+        return self.scratch
