@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,18 +89,23 @@ def _readonly_dirs() -> list[str]:
     return [d for d in dirs if os.path.lexists(d)]
 
 
-def _user_tasks() -> int:
-    """Tasks (threads count: the kernel's RLIMIT_NPROC counts them) of this process's real uid."""
-    uid, count = os.getuid(), 0
+def _proc_files(name: str) -> Iterator[tuple[int, str]]:
+    """(pid, text of /proc/<pid>/<name>) of every process whose file can still be read (others come and go)."""
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
-                status = Path(entry.path, "status").read_text()
+                yield int(entry.name), Path(entry.path, name).read_text()
             except OSError:
                 continue
-            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-            if int(fields.get("Uid", "-1").split()[0]) == uid:
-                count += int(fields.get("Threads", "1").strip())
+
+
+def _user_tasks() -> int:
+    """Tasks (threads count: the kernel's RLIMIT_NPROC counts them) of this process's real uid."""
+    uid, count = os.getuid(), 0
+    for _, status in _proc_files("status"):
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if int(fields.get("Uid", "-1").split()[0]) == uid:
+            count += int(fields.get("Threads", "1").strip())
     return count
 
 
@@ -117,14 +123,9 @@ def _rlimits(limits: SandboxLimits, mode: str, timeout: float) -> dict[str, int]
 def _descendants(root: int) -> list[int]:
     """Every process below ``root`` (from /proc's parent links), deepest last."""
     children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                stat = Path(entry.path, "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
+    for pid, stat in _proc_files("stat"):
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(pid)
     found, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):
