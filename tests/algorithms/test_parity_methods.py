@@ -15,6 +15,7 @@ D = torch.float64
 
 
 def test_flash_reinforce_is_reward_minus_the_batch_mean_without_whitening():
+    """--advantage_estimator flash_reinforce: A = r - mean over the batch (+ the KL reward-to-go), never whitened."""
     rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 0.5, -2.0]
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 1, 1], [1, 1, 1], [1, 0, 1], [1, 1, 0]],
                         dtype=torch.bool)
@@ -75,6 +76,7 @@ def _gate_reference(gating, level, delta):
 @pytest.mark.parametrize("gating", ["binary_kl", "tv"])
 @pytest.mark.parametrize("level", ["token", "seq"])
 def test_divergence_gates_match_the_float64_formula(gating, level):
+    """--is_correction_gating binary_kl|tv at token and seq level: the weights of the written formula."""
     old, rollout = torch.tensor(P_TRAIN, dtype=D).log(), torch.tensor(P_ROLL, dtype=D).log()
     delta = 0.02 if gating == "binary_kl" else (0.1 if level == "token" else 0.085)
     div, expected = _gate_reference(gating, level, delta)
@@ -101,6 +103,7 @@ def test_divergence_gates_refuse_cells_and_bands_they_cannot_use():
 
 
 def test_vanilla_kto_on_a_labelled_batch_matches_the_formula_and_carries_gradient():
+    """kto --vanilla_loss's loss: value, reference points and gradient (through them) of the written formula."""
     r_pol = [-3.0, -1.0, -2.5, -4.0, -0.5]
     r_ref = [-3.5, -1.2, -2.0, -3.0, -1.5]
     label = [True, False, True, False, True]

@@ -70,6 +70,7 @@ def test_divergence_gate_passes_the_config_to_the_policy_loss():
       "vllm_is_correction_type": "icepop", "vllm_is_truncated_threshold": [0, 0.1]}, "--policy_loss_type gspo"),
 ])
 def test_divergence_gate_refusals_name_the_flags(flags, message):
+    """Each bad use of --is_correction_gating is a ConfigError naming the flags involved."""
     with pytest.raises(ConfigError, match=message):
         validate_rl(_ppo(**flags))
 
