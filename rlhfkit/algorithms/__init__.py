@@ -2,10 +2,10 @@
 
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
+    batch_mean_baseline,
     compute_advantages_and_returns,
     discounted_returns,
     gae_advantages_and_returns,
-    batch_mean_baseline,
     group_mean_baseline,
     group_normalize,
     rloo_advantages,

@@ -171,8 +171,9 @@ def vanilla_kto_loss(
     beta: float = 0.1,
     reduction: str = "mean",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Vanilla KTO for even sampling, as OpenRLHF's ``VanillaKTOLoss`` (adapted from ContextualAI HALOs; in
-    OpenRLHF <= 0.9.5, never used by its KTO trainer; OpenRLHF 0.11 has no KTO): the reference points are in-batch
+    """Vanilla KTO for even sampling, as OpenRLHF's ``VanillaKTOLoss`` (adapted from ContextualAI HALOs; early
+    OpenRLHF KTO trainers selected it with ``--vanilla_loss``, OpenRLHF 0.11 has no KTO; ``kto --vanilla_loss`` runs
+    :func:`vanilla_kto_labelled_loss`, its form on a labelled batch): the reference points are in-batch
     means of the other side's log-ratios instead of mismatched pairs. On sequence log-probs, chosen ``[n_c]`` and
     rejected ``[n_r]``, with ``r_c = pc - rc``, ``r_r = pr - rr``,
     ``KL_c = max(0, mean(r_c))``, ``KL_r = max(0, mean(r_r))`` (not detached, as in OpenRLHF's code; local batch):
