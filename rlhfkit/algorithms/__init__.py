@@ -2,6 +2,7 @@
 
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
+    batch_mean_baseline,
     compute_advantages_and_returns,
     discounted_returns,
     gae_advantages_and_returns,
@@ -37,6 +38,7 @@ from .preference import (
     pairwise_loss,
     reward_model_loss,
     sequence_log_probs,
+    vanilla_kto_labelled_loss,
     vanilla_kto_loss,
 )
 from .rewards import (
@@ -73,6 +75,7 @@ __all__ = [
     "dpo_loss",
     "entropy_from_logits",
     "gae_advantages_and_returns",
+    "batch_mean_baseline",
     "group_mean_baseline",
     "group_normalize",
     "importance_weights",
@@ -102,5 +105,6 @@ __all__ = [
     "shape_rewards",
     "stop_properly_penalty",
     "value_loss",
+    "vanilla_kto_labelled_loss",
     "vanilla_kto_loss",
 ]

@@ -14,8 +14,11 @@ import torch.distributed as dist
 from .normalize import as_bool_mask, compute_dtype, masked_whiten
 from .rewards import clip_rewards, shape_rewards
 
-ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo", "on_policy_distill")
+ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo", "flash_reinforce",
+                        "on_policy_distill")
 GROUP_ESTIMATORS = ("reinforce_baseline", "group_norm", "dr_grpo", "rloo")
+# whole-response rewards compared against a baseline (a group's or the batch's): undiscounted returns
+BASELINE_ESTIMATORS = (*GROUP_ESTIMATORS, "flash_reinforce")
 WHITENED_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline")
 
 
@@ -110,6 +113,21 @@ def group_normalize(rewards: torch.Tensor, n_samples_per_prompt: int, eps: float
     return out.view(-1).to(compute_dtype(rewards))
 
 
+def batch_mean_baseline(rewards: torch.Tensor, process_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """FlashREINFORCE (``--advantage_estimator flash_reinforce``, Molt's estimator of that name):
+    ``r_i - mean_j r_j`` with the mean over every row of the batch on every rank of ``process_group`` (no prompt
+    groups: it is meant for one sample per prompt), not divided by a std. Computed in float64."""
+    if rewards.dim() != 1:
+        raise ValueError(f"the batch baseline takes sequence rewards [batch], got shape {tuple(rewards.shape)}")
+    r = rewards.double()
+    total = torch.stack([r.sum(), torch.tensor(float(r.shape[0]), dtype=r.dtype, device=r.device)])
+    if process_group is not None:
+        dist.all_reduce(total, group=process_group)
+    if total[1] == 0:
+        return rewards.to(compute_dtype(rewards))
+    return (r - total[0] / total[1]).to(compute_dtype(rewards))
+
+
 def on_policy_distill_advantages(
     student_log_probs: torch.Tensor,
     teacher_log_probs: torch.Tensor,
@@ -181,12 +199,13 @@ def compute_advantages_and_returns(
 
     1. ``r = clip(rewards, --reward_clip_range)`` (sequence rewards ``[batch]``).
     2. group baseline on ``r``: ``reinforce_baseline``/``dr_grpo``: ``r - mean_g``; ``group_norm``:
-       ``(r - mean_g) / (std_g + group_eps)``; ``rloo``: ``r - mean_{g, j != i}``; ``gae``/``reinforce``: none.
+       ``(r - mean_g) / (std_g + group_eps)``; ``rloo``: ``r - mean_{g, j != i}``; ``flash_reinforce``: ``r - mean_B``,
+       the mean over all rows of the batch on every rank of ``process_group``; ``gae``/``reinforce``: none.
     3. token rewards ``R = shape_rewards(r, mask, kl, kl_coef)`` (r on the last token, ``-kl_coef * kl`` on all).
     4. ``gae``: ``A, G = GAE(R, values, gamma, lambd)``; otherwise ``G = discounted_returns(R, gamma)``, ``A = G``.
     5. ``gae``, ``reinforce``, ``reinforce_baseline``: ``A <- (A - mu) / sqrt(var)`` over all valid tokens of the
        batch on every rank of ``process_group`` (``std_norm=False``, i.e. ``--no_advantage_std_norm``: ``A - mu``).
-       ``group_norm``, ``dr_grpo`` and ``rloo`` are left as they are. Returns are never whitened.
+       ``group_norm``, ``dr_grpo``, ``rloo`` and ``flash_reinforce`` are left as they are. Returns are never whitened.
 
     ``on_policy_distill`` skips steps 2-5: ``A = G = on_policy_distill_advantages(student_log_probs,
     teacher_log_probs, mask, clip(rewards), opd_kl_coef, opd_reward_weight)`` (``kl``/``values`` unused).
@@ -209,6 +228,8 @@ def compute_advantages_and_returns(
         r = group_normalize(r, n_samples_per_prompt, group_eps)
     elif estimator == "rloo":
         r = rloo_advantages(r, n_samples_per_prompt)
+    elif estimator == "flash_reinforce":
+        r = batch_mean_baseline(r, process_group)
     token_rewards = shape_rewards(r, m, kl, kl_coef)
     if estimator == "gae":
         if values is None:

@@ -1,7 +1,7 @@
 """Off-policy correction between the rollout engine's log-probs (vLLM) and the trainer's
 (``--enable_vllm_is_correction``; the grid ``--is_correction_level token|seq|geo`` x
 ``--is_correction_mode mask|clip|trunc``, or its named points ``--vllm_is_correction_type tis|icepop|seq-mask-tis``;
-``--vllm_is_truncated_threshold``)."""
+``--vllm_is_truncated_threshold``; Molt's divergence gates ``--is_correction_gating binary_kl|tv``)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,29 @@ IS_CORRECTION_PRESETS: dict[str, tuple[str, str]] = {
     "tis": ("token", "clip"), "icepop": ("token", "mask"), "seq-mask-tis": ("geo", "mask"),
 }
 IS_CORRECTION_TYPES = tuple(IS_CORRECTION_PRESETS)
+# what is compared with the bounds: the importance ratio, or (Molt) a divergence of the sampled token's probability
+IS_CORRECTION_GATINGS = ("ratio", "binary_kl", "tv")
+PROB_CLAMP = 1e-6  # binary_kl: probabilities kept in [1e-6, 1 - 1e-6] so both logs stay finite (Molt's clamp)
+
+
+def sampled_token_divergence(gating: str, train_log_probs: torch.Tensor,
+                             rollout_log_probs: torch.Tensor) -> torch.Tensor:
+    """Per-token divergence between the rollout engine's and the trainer's probability of the sampled token,
+    ``p = exp(rollout_log_probs)``, ``q = exp(train_log_probs)`` (Molt's ``is_correction_gating``):
+
+    - ``binary_kl``: ``KL(Bernoulli(p) || Bernoulli(q)) = p log(p / q) + (1 - p) log((1 - p) / (1 - q))``, with
+      ``p`` and ``q`` clamped to ``[1e-6, 1 - 1e-6]``;
+    - ``tv``: the total variation of those two Bernoullis, ``|p - q|``.
+
+    Both are >= 0 and 0 exactly when the engines agree on the token."""
+    p = rollout_log_probs.exp()
+    q = train_log_probs.exp()
+    if gating == "tv":
+        return (p - q).abs()
+    if gating != "binary_kl":
+        raise ValueError(f"--is_correction_gating must be one of {IS_CORRECTION_GATINGS}, got {gating!r}")
+    p, q = p.clamp(PROB_CLAMP, 1 - PROB_CLAMP), q.clamp(PROB_CLAMP, 1 - PROB_CLAMP)
+    return p * (p.log() - q.log()) + (1 - p) * (torch.log1p(-p) - torch.log1p(-q))
 
 
 def is_correction_cell(correction_type: str | None = None, level: str | None = None,
@@ -48,6 +71,7 @@ def importance_weights(
     low: float = 0.5,
     high: float = 5.0,
     log_ratio_clip: float = 20.0,
+    gating: str = "ratio",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token importance weights (detached, 0 at masked positions) that multiply the per-token policy loss.
 
@@ -65,13 +89,24 @@ def importance_weights(
     ``u_i`` is broadcast over the tokens of row i. The named corrections are cells (``IS_CORRECTION_PRESETS``):
     ``tis`` = token x clip, ``icepop`` = token x mask, ``seq-mask-tis`` = geo x mask. ``(level, mode)`` given
     together override ``correction_type``.
+
+    ``gating`` ``binary_kl`` / ``tv`` (Molt's divergence gates, a trust region on the rollout/trainer mismatch):
+    the unit statistic is ``d_t = sampled_token_divergence(gating, old, rollout)`` at ``token`` level, its mean over
+    the row's valid tokens at ``seq`` level; the unit is dropped when ``d > high`` (``low`` must be 0) and a kept
+    unit's tokens carry their own unclamped ``w_t`` (as Molt). Only ``mask`` mode and the ``token``/``seq`` levels
+    apply: a divergence is no weight to clamp, and ``geo`` is a ratio's mean.
     Metrics: ``is_weight_mean`` (of ``w'``) and ``is_truncated_frac`` (share of valid tokens whose unit weight is
     outside ``[low, high]``; for ``trunc``, above ``high``).
     """
     level, mode = is_correction_cell(correction_type, level, mode)
     if not 0 <= low <= high:
         raise ValueError(f"--vllm_is_truncated_threshold must be (low, high) with 0 <= low <= high, got {low}, {high}")
+    if gating not in IS_CORRECTION_GATINGS:
+        raise ValueError(f"--is_correction_gating must be one of {IS_CORRECTION_GATINGS}, got {gating!r}")
     m = as_bool_mask(action_mask, old_log_probs)
+    if gating != "ratio":
+        return _divergence_gated_weights(old_log_probs, rollout_log_probs, m, gating=gating, level=level, mode=mode,
+                                         low=low, high=high, log_ratio_clip=log_ratio_clip)
     with torch.no_grad():
         lw = log_ratio(old_log_probs.detach(), rollout_log_probs.detach(), log_ratio_clip)
         lw = torch.where(m, lw, torch.zeros_like(lw))  # padding may hold anything
@@ -96,6 +131,35 @@ def importance_weights(
         metrics = {
             "is_weight_mean": masked_mean(weights, m),
             "is_truncated_frac": masked_mean(outside.to(w.dtype), m),
+        }
+    return weights, metrics
+
+
+def _divergence_gated_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, m: torch.Tensor, *,
+                              gating: str, level: str, mode: str, low: float, high: float,
+                              log_ratio_clip: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``importance_weights`` for ``gating`` binary_kl / tv (see there)."""
+    if mode != "mask" or level not in ("token", "seq"):
+        raise ValueError(f"--is_correction_gating {gating} drops the tokens or sequences whose divergence exceeds the "
+                         f"bound: it takes mode mask at level token or seq, got {level} x {mode}")
+    if low != 0:
+        raise ValueError(f"--is_correction_gating {gating} bounds a divergence from above only: give "
+                         f"--vllm_is_truncated_threshold 0 DELTA (Molt's single delta), got {low}, {high}")
+    with torch.no_grad():
+        old, rollout = old_log_probs.detach(), rollout_log_probs.detach()
+        lw = log_ratio(old, rollout, log_ratio_clip)
+        lw = torch.where(m, lw, torch.zeros_like(lw))
+        w = lw.exp()
+        zeros = torch.zeros_like(w)
+        div = torch.where(m, sampled_token_divergence(gating, torch.where(m, old, zeros),
+                                                      torch.where(m, rollout, zeros)), zeros)
+        unit = div if level == "token" else masked_mean(div, m, dim=-1).unsqueeze(-1).expand_as(w)
+        outside = unit > high
+        weights = torch.where(m & ~outside, w, zeros)
+        metrics = {
+            "is_weight_mean": masked_mean(weights, m),
+            "is_truncated_frac": masked_mean(outside.to(w.dtype), m),
+            "is_divergence_mean": masked_mean(div, m),
         }
     return weights, metrics
 

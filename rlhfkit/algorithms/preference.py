@@ -1,7 +1,7 @@
 """Preference losses of the offline methods: reward-model pairwise losses (``--loss sigmoid|logexp``,
 ``--margin_loss``), DPO / IPO / cDPO (``--beta``, ``--ipo``, ``--label_smoothing``) and KTO
 (``--desirable_loss_weight``, ``--undesirable_loss_weight``); vanilla KTO with in-batch reference points
-(:func:`vanilla_kto_loss`, a library function without a flag).
+(:func:`vanilla_kto_loss`; on a labelled batch :func:`vanilla_kto_labelled_loss`, ``rlhfkit kto --vanilla_loss``).
 
 Sequence log-probabilities are ``log pi(y | x) = sum_t log pi(y_t | x, y_<t)`` over response tokens
 (:func:`sequence_log_probs`).
@@ -171,8 +171,9 @@ def vanilla_kto_loss(
     beta: float = 0.1,
     reduction: str = "mean",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Vanilla KTO for even sampling, as OpenRLHF's ``VanillaKTOLoss`` (adapted from ContextualAI HALOs; in
-    OpenRLHF <= 0.9.5, never used by its KTO trainer; OpenRLHF 0.11 has no KTO): the reference points are in-batch
+    """Vanilla KTO for even sampling, as OpenRLHF's ``VanillaKTOLoss`` (adapted from ContextualAI HALOs; early
+    OpenRLHF KTO trainers selected it with ``--vanilla_loss``, OpenRLHF 0.11 has no KTO; ``kto --vanilla_loss`` runs
+    :func:`vanilla_kto_labelled_loss`, its form on a labelled batch): the reference points are in-batch
     means of the other side's log-ratios instead of mismatched pairs. On sequence log-probs, chosen ``[n_c]`` and
     rejected ``[n_r]``, with ``r_c = pc - rc``, ``r_r = pr - rr``,
     ``KL_c = max(0, mean(r_c))``, ``KL_r = max(0, mean(r_r))`` (not detached, as in OpenRLHF's code; local batch):
@@ -191,3 +192,29 @@ def vanilla_kto_loss(
     kl_r = r_r.mean().clamp(min=0)
     losses = torch.cat((1.0 - torch.sigmoid(beta * (r_c - kl_r)), 1.0 - torch.sigmoid(beta * (kl_c - r_r))), 0)
     return _reduce(losses, reduction), (beta * r_c).detach(), (beta * r_r).detach()
+
+
+def vanilla_kto_labelled_loss(
+    policy_logps: torch.Tensor,
+    ref_logps: torch.Tensor,
+    desirable: torch.Tensor,
+    *,
+    beta: float = 0.1,
+    reduction: str = "mean",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`vanilla_kto_loss` on a labelled batch of sequence log-probs ``[batch]`` (``rlhfkit kto
+    --vanilla_loss``): with ``r = log pi(y|x) - log pi_ref(y|x)``, ``KL_D = max(0, mean_{desirable} r)``,
+    ``KL_U = max(0, mean_{undesirable} r)`` (not detached; a side absent from the batch has reference point 0):
+    desirable ``l = 1 - sigmoid(beta (r - KL_U))``, undesirable ``l = 1 - sigmoid(beta (KL_D - r))``.
+
+    Returns ``(loss, rewards, reference points [KL_D, KL_U])`` with the implicit rewards ``beta r`` (detached).
+    """
+    if beta <= 0:
+        raise ValueError(f"--beta must be > 0, got {beta}")
+    r = _f(policy_logps) - _f(ref_logps)
+    d = as_bool_mask(desirable, r)
+    zero = r.new_zeros(())
+    kl_d = r[d].mean().clamp(min=0) if bool(d.any()) else zero
+    kl_u = r[~d].mean().clamp(min=0) if bool((~d).any()) else zero
+    losses = torch.where(d, 1.0 - torch.sigmoid(beta * (r - kl_u)), 1.0 - torch.sigmoid(beta * (kl_d - r)))
+    return _reduce(losses, reduction), (beta * r).detach(), torch.stack([kl_d, kl_u]).detach()

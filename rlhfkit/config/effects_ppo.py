@@ -34,6 +34,8 @@ _OPD_CONFIG = "tests/config/test_on_policy_distill.py::"
 VISION_DATA = f"{_VISION}::test_image_prompts_load_and_a_bad_row_is_an_error_naming_the_file_row_and_key"
 
 _REPLAY = "tests/rl/test_rollout_replay.py::"
+_PARITY_UNIT = "tests/algorithms/test_parity_methods.py::"
+_PARITY_CONFIG = "tests/config/test_parity_flags.py::"
 REPLAY_RUN = f"{_REPLAY}test_a_replay_trains_exactly_as_the_dumped_run_without_engines"
 
 PPO_EFFECTS: dict[str, Effect] = {
@@ -57,11 +59,14 @@ PPO_EFFECTS: dict[str, Effect] = {
         "and every micro-batch's tensors; bad values are refused"),
     "ppo:advantage_estimator": Tested(
         (GAE, REINFORCE, BASELINE, GROUP_NORM, RLOO, DR_GRPO, f"{_OPD}test_one_step_against_a_float64_reference",
+         f"{_PARITY_UNIT}test_flash_reinforce_is_reward_minus_the_batch_mean_without_whitening",
+         f"{_PARITY_CONFIG}test_flash_reinforce_parses_in_both_dialects_needs_no_group_and_refuses_gamma",
          f"{_OPD}test_the_student_moves_toward_the_teacher"),
         "each estimator's formula (GAE, discounted returns, group mean / group norm / leave-one-out baselines, "
         "batch whitening where it applies) on the logged rewards and values gives the logged advantages and returns; "
         "on_policy_distill: each token's advantage is log pi_teacher - log pi_student (float64 from logits) and the "
-        "student's held-out reverse KL to the teacher falls"),
+        "student's held-out reverse KL to the teacher falls; flash_reinforce: r - the batch's mean reward, not "
+        "whitened (float64 formula), gamma refused"),
     "ppo:teacher_model": Tested(
         (f"{_OPD}test_the_student_moves_toward_the_teacher", f"{_OPD}test_one_step_against_a_float64_reference",
          f"{_OPD_CONFIG}test_the_teacher_is_the_reference_role_"
@@ -104,6 +109,18 @@ PPO_EFFECTS: dict[str, Effect] = {
     "ppo:algo.advantage.is_correction_mode": Tested(
         (GRID_CHECKED,), "an alias (Molt's name): --algo.advantage.is_correction_mode clip sets --is_correction_mode "
                          "clip"),
+    "ppo:is_correction_gating": Tested(
+        (f"{_PARITY_UNIT}test_divergence_gates_match_the_float64_formula",
+         f"{_PARITY_CONFIG}test_divergence_gate_passes_the_config_to_the_policy_loss",
+         f"{_PARITY_CONFIG}test_divergence_gate_refusals_name_the_flags",
+         f"{_PARITY_CONFIG}test_divergence_gate_parses_and_reaches_the_weights"),
+        "binary_kl / tv: tokens (seq: rows) whose Bernoulli KL / total variation between the rollout's and the "
+        "trainer's probability of the sampled token exceeds DELTA get weight 0, the others their IS ratio (float64 "
+        "formula; the parsed flag reaches the policy loss's weights); refused without the correction, outside a "
+        "token/seq x mask cell, with a threshold other than 0 DELTA, with gspo"),
+    "ppo:algo.advantage.is_correction_gating": Tested(
+        (f"{_PARITY_CONFIG}test_divergence_gate_parses_and_reaches_the_weights",),
+        "an alias (Molt's name): --algo.advantage.is_correction_gating tv sets --is_correction_gating tv"),
     "ppo:is_correction_mode": Tested(
         (CISPO, GRID_CHECKED, "tests/algorithms/test_is_grid.py::test_every_cell_matches_the_float64_formula",
          "tests/algorithms/test_is_grid.py::test_presets_equal_their_cells"),

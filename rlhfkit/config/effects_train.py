@@ -274,6 +274,13 @@ TRAIN_EFFECTS: dict[str, Effect] = {
                    _LOSSES + "test_ref_mode_flag_precomputes_or_runs_the_reference_live",
                    _LOSSES + "test_dpo_without_reference_log_probs_is_an_error"),
     "ref_offload": NoEffect(_CUDA_ONLY),
+    "vanilla_loss": _t("vanilla KTO: the parsed flag's loss equals the float64 formula with reference points from the "
+                       "other side's mean log-ratio (differs from the default loss on the same batch); with sample "
+                       "weights it is refused",
+                       _LOSSES + "test_vanilla_kto_loss_through_the_parsed_config",
+                       "tests/config/test_parity_flags.py::test_vanilla_loss_parses_and_refuses_sample_weights",
+                       "tests/algorithms/test_parity_methods.py::"
+                       "test_vanilla_kto_on_a_labelled_batch_matches_the_formula_and_carries_gradient"),
     "desirable_loss_weight": _t("weight of desirable samples (1.5: the reference function's loss)",
                                 _LOSSES + "test_kto_loss_equals_reference_function"),
     "undesirable_loss_weight": _t("weight of undesirable samples (0.5: the reference function's loss)",

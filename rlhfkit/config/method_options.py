@@ -73,6 +73,10 @@ class KTOOptions:
 
     desirable_loss_weight: float = opt(1.0, "lambda_D: weight of desirable (label true) samples")
     undesirable_loss_weight: float = opt(1.0, "lambda_U: weight of undesirable (label false) samples")
+    vanilla_loss: bool = opt(False, "vanilla KTO (OpenRLHF's KTO trainer's --vanilla_loss, from ContextualAI "
+                                    "HALOs): the reference point of a desirable sample is max(0, mean log-ratio of "
+                                    "the micro-batch's undesirable samples) and vice versa, instead of the KL over "
+                                    "mismatched pairs; no sample weights (docs/algorithms.md)")
 
 
 @dataclass

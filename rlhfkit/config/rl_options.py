@@ -110,9 +110,11 @@ class RLAlgorithmOptions:
     advantage_estimator: str = opt("gae", "advantage estimator; on_policy_distill: on-policy distillation, the "
                                           "advantage of each sampled token is --opd_kl_coef x (log pi_teacher - log "
                                           "pi_student) (the negative sampled reverse KL to --teacher_model) plus "
-                                          "--opd_reward_weight x the task advantage; no critic (docs/algorithms.md)",
+                                          "--opd_reward_weight x the task advantage; no critic; flash_reinforce "
+                                          "(FlashREINFORCE, Molt): r - the mean reward of the whole batch, no std, "
+                                          "no whitening, for one sample per prompt (docs/algorithms.md)",
                                    choices=["gae", "reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo",
-                                            "on_policy_distill"])
+                                            "flash_reinforce", "on_policy_distill"])
     opd_kl_coef: float = opt(1.0, "on_policy_distill: weight of the per-token reverse-KL term (slime's "
                                   "opd-kl-coef setting); > 0")
     opd_reward_weight: float = opt(0.0, "on_policy_distill: weight of the task advantage added to every token "
@@ -171,6 +173,17 @@ class RLAlgorithmOptions:
                                                "--algo.advantage.is_correction_mode)",
                                          choices=["mask", "clip", "trunc"],
                                          aliases=["--algo.advantage.is_correction_mode"])
+    is_correction_gating: str = opt("ratio", "with --enable_vllm_is_correction: what is bounded: ratio (the IS "
+                                             "weight, the grid above); binary_kl / tv (Molt's divergence gates, a "
+                                             "trust region): per token the KL / total variation between "
+                                             "Bernoulli(p_rollout) and Bernoulli(p_train) of the sampled token "
+                                             "(at seq level their mean over the row); a token (seq: a row) whose "
+                                             "divergence exceeds DELTA of --vllm_is_truncated_threshold 0 DELTA is "
+                                             "dropped, the others keep their IS weight; needs mode mask at level "
+                                             "token (--vllm_is_correction_type icepop) or seq (alias: Molt's "
+                                             "--algo.advantage.is_correction_gating)",
+                                    choices=["ratio", "binary_kl", "tv"],
+                                    aliases=["--algo.advantage.is_correction_gating"])
     use_dynamic_batch: bool = opt(False, "training micro-batches by token budget instead of row count")
     train_max_tokens_per_gpu: int = opt(16192, "token budget per micro-batch with --use_dynamic_batch")
     rollout_max_tokens_per_gpu: int | None = opt(None, "token budget per forward micro-batch of the log-prob, value "

@@ -53,7 +53,7 @@ def policy_loss(cfg: RLAlgorithmOptions, mb: dict[str, torch.Tensor], log_probs:
         weights, is_metrics = importance_weights(old, mb["rollout_log_probs"], mask,
                                                  correction_type=cfg.vllm_is_correction_type,
                                                  level=cfg.is_correction_level, mode=cfg.is_correction_mode,
-                                                 low=low, high=high)
+                                                 low=low, high=high, gating=cfg.is_correction_gating)
         accumulate(sums, is_metrics, mask)
     token_out: dict[str, torch.Tensor] | None = {} if with_tokens else None
     agg: dict[str, Any] = {"loss_agg_mode": "seq_mean", "num_seqs": num_seqs} if gspo else {"num_tokens": num_tokens}

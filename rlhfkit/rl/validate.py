@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from rlhfkit.algorithms.offpolicy import IS_CORRECTION_PRESETS
 from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.optim_options import validate_optim
 from rlhfkit.config.plan import DISTILL_ESTIMATOR, RLPlan, reference_model, resolve_plan
@@ -56,6 +57,10 @@ def validate_rl(cfg: PPOConfig) -> None:
     if plan.group_estimator and cfg.n_samples_per_prompt < 2:
         raise ConfigError(f"--advantage_estimator {cfg.advantage_estimator} compares the samples of a prompt: "
                           "set --n_samples_per_prompt >= 2")
+    if cfg.advantage_estimator == "flash_reinforce" and cfg.gamma != 1.0:
+        raise ConfigError(f"--gamma {cfg.gamma} with --advantage_estimator flash_reinforce: the batch baseline "
+                          "compares whole-response rewards, so the returns are undiscounted: drop --gamma, or use "
+                          "gae / reinforce")
     if plan.group_estimator and cfg.gamma != 1.0:
         raise ConfigError(f"--gamma {cfg.gamma} with --advantage_estimator {cfg.advantage_estimator}: a group "
                           "baseline compares whole-response rewards, so the returns are undiscounted (OpenRLHF "
@@ -221,10 +226,38 @@ def _validate_colocation(cfg: PPOConfig, plan: RLPlan) -> None:
                               f"--{b}_num_nodes {plan.nodes(a)} --{b}_num_gpus_per_node {plan.ranks_per_node(a)}")
 
 
+def _validate_is_gating(cfg: PPOConfig) -> None:
+    """--is_correction_gating binary_kl|tv: with the correction on, a mask cell at token or seq level, a (0, DELTA)
+    threshold, not with gspo."""
+    gating = cfg.is_correction_gating
+    if gating == "ratio":
+        return
+    if not cfg.enable_vllm_is_correction:
+        raise ConfigError(f"--is_correction_gating {gating} gates the rollout/trainer mismatch correction, but it is "
+                          "off: add --enable_vllm_is_correction")
+    if cfg.policy_loss_type == "gspo":
+        raise ConfigError(f"--is_correction_gating {gating} with --policy_loss_type gspo: GSPO's IS correction is "
+                          "its sequence ratio against the engine's log-probs (no token weights); drop the gate")
+    if cfg.is_correction_level is not None and cfg.is_correction_mode is not None:
+        level, mode = cfg.is_correction_level, cfg.is_correction_mode
+    else:
+        level, mode = IS_CORRECTION_PRESETS.get(cfg.vllm_is_correction_type, ("", ""))
+    if mode != "mask" or level not in ("token", "seq"):
+        raise ConfigError(f"--is_correction_gating {gating} drops the units whose divergence exceeds the bound: it "
+                          f"needs mode mask at level token or seq, the cell here is {level} x {mode}: add "
+                          "--vllm_is_correction_type icepop (token x mask) or --is_correction_level token|seq "
+                          "--is_correction_mode mask")
+    low, high = cfg.vllm_is_truncated_threshold
+    if low != 0 or high <= 0:
+        raise ConfigError(f"--is_correction_gating {gating} bounds a divergence from above: set "
+                          f"--vllm_is_truncated_threshold 0 DELTA with DELTA > 0 (e.g. 0 0.005), got {low} {high}")
+
+
 def _validate_is_correction(cfg: PPOConfig) -> None:
     """--is_correction_level and --is_correction_mode: both or neither, with --enable_vllm_is_correction, not with
     gspo (whose IS correction is its ratio against the engine's log-probs), not beside a named
     --vllm_is_correction_type other than the default."""
+    _validate_is_gating(cfg)
     level, mode = cfg.is_correction_level, cfg.is_correction_mode
     if level is None and mode is None:
         return

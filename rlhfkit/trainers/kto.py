@@ -11,6 +11,11 @@ response of another sample, fixed when the data is built (a seeded derangement o
 log-probs of both sequences can be precomputed (``--ref_mode precompute``, the default, as for DPO). ``z`` is estimated
 over each micro-batch's mismatched pairs, with no gradient, as in the KTO paper (OpenRLHF additionally averages it
 over the ranks; here it stays per micro-batch so that no collective runs inside the loss).
+
+``--vanilla_loss`` (OpenRLHF's KTO trainer's option, ContextualAI HALOs' even-sampling KTO,
+`rlhfkit.algorithms.preference.vanilla_kto_labelled_loss`): no mismatched pairs are scored; the reference point of a
+desirable sample is ``max(0, mean r)`` over the micro-batch's undesirable samples and vice versa (with gradient;
+0 for a side the micro-batch lacks), no sample weights.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhfkit.algorithms.preference import kto_loss
+from rlhfkit.algorithms.preference import kto_loss, vanilla_kto_labelled_loss
 from rlhfkit.config.commands import KTOConfig
 from rlhfkit.config.validate import need
 from rlhfkit.data.unpaired import build_unpaired_samples
@@ -88,27 +93,33 @@ def collate_kto(samples: Sequence[dict], pad_token_id: int, packed: bool = False
 
 def kto_batch_loss(model: nn.Module, batch: dict[str, Any], *, beta: float, desirable_loss_weight: float = 1.0,
                    undesirable_loss_weight: float = 1.0, ref_model: nn.Module | None = None,
-                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Sum over the micro-batch of the KTO loss, and metric sums."""
+                   vanilla: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Sum over the micro-batch of the KTO loss (``vanilla``: ``--vanilla_loss``'s), and metric sums."""
     device = model_device(model)
     completion, mismatched = to_device(batch["completion"], device), to_device(batch["mismatched"], device)
     logps, _ = sequence_sums(model, completion)
     with torch.no_grad():
-        kl_logps, _ = sequence_sums(model, mismatched)
+        kl_logps = None if vanilla else sequence_sums(model, mismatched)[0]
         if ref_model is not None:
             ref_logps, _ = sequence_sums(ref_model, completion)
-            ref_kl_logps, _ = sequence_sums(ref_model, mismatched)
+            ref_kl_logps = None if vanilla else sequence_sums(ref_model, mismatched)[0]
         elif "ref_logps" in batch:
             ref_logps, ref_kl_logps = batch["ref_logps"].to(device), batch["ref_kl_logps"].to(device)
         else:
             raise ValueError("KTO batch has no reference log-probs: use --ref_mode live or precompute them")
     desirable = batch["desirable"].to(device)
-    loss, rewards, z = kto_loss(logps, ref_logps, desirable, kl_logps, ref_kl_logps, beta=beta,
-                                desirable_loss_weight=desirable_loss_weight,
-                                undesirable_loss_weight=undesirable_loss_weight, reduction="sum")
-    sign = desirable.to(rewards.dtype) * 2 - 1
     n = logps.shape[0]
-    return loss, {"kl": z * n, "reward": rewards.sum(), "signed_reward": (sign * rewards).sum(),
+    if vanilla:
+        loss, rewards, points = vanilla_kto_labelled_loss(logps, ref_logps, desirable, beta=beta, reduction="sum")
+        extra = {"kl_desirable": points[0] * n, "kl_undesirable": points[1] * n}
+    else:
+        assert kl_logps is not None and ref_kl_logps is not None
+        loss, rewards, z = kto_loss(logps, ref_logps, desirable, kl_logps, ref_kl_logps, beta=beta,
+                                    desirable_loss_weight=desirable_loss_weight,
+                                    undesirable_loss_weight=undesirable_loss_weight, reduction="sum")
+        extra = {"kl": z * n}
+    sign = desirable.to(rewards.dtype) * 2 - 1
+    return loss, {**extra, "reward": rewards.sum(), "signed_reward": (sign * rewards).sum(),
                   "signed_logps": (sign * logps.detach()).sum()}
 
 
@@ -121,7 +132,8 @@ def kto_method(cfg: KTOConfig, tokenizer: Any, dist_info: DistInfo) -> OfflineMe
 
     def loss(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return kto_batch_loss(model, batch, beta=cfg.beta, desirable_loss_weight=cfg.desirable_loss_weight,
-                              undesirable_loss_weight=cfg.undesirable_loss_weight, ref_model=ref_model)
+                              undesirable_loss_weight=cfg.undesirable_loss_weight, ref_model=ref_model,
+                              vanilla=cfg.vanilla_loss)
 
     return OfflineMethod(name="kto", collate=lambda samples: collate_kto(samples, pad_id, cfg.packing_samples),
                          weight=lambda s: 1.0,
@@ -135,3 +147,7 @@ def validate_kto(cfg: KTOConfig) -> None:
         raise ConfigError(f"--beta must be > 0, got {cfg.beta}")
     if cfg.desirable_loss_weight < 0 or cfg.undesirable_loss_weight < 0:
         raise ConfigError("--desirable_loss_weight and --undesirable_loss_weight must be >= 0")
+    if cfg.vanilla_loss and (cfg.desirable_loss_weight != 1.0 or cfg.undesirable_loss_weight != 1.0):
+        raise ConfigError(f"--vanilla_loss with --desirable_loss_weight {cfg.desirable_loss_weight} "
+                          f"--undesirable_loss_weight {cfg.undesirable_loss_weight}: vanilla KTO weighs every sample "
+                          "1 (its reference points pair the two sides); drop the weights or --vanilla_loss")

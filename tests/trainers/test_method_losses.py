@@ -207,6 +207,41 @@ def test_kto_loss_equals_reference_function(policy, other, other_model_dir, tiny
     assert float(metrics["signed_reward"]) == pytest.approx(float((sign * rewards).sum()), abs=1e-4)
 
 
+def test_vanilla_kto_loss_through_the_parsed_config(policy, other, other_model_dir, tiny_model_dir, tokenizer,
+                                                   dist_info):
+    """kto --vanilla_loss, parsed, through kto_method's loss (reference live from --ref_pretrain) against the formula
+    written here in float64: reference points from the other side's mean log-ratio, no mismatched pairs."""
+    import math
+
+    from rlhfkit.data.unpaired import build_unpaired_samples
+
+    samples, _ = build_unpaired_samples(unpaired_rows(6, seed=5), tokenizer, input_key="input", output_key="output",
+                                        label_key="label", input_template="User: {}\nAssistant: ",
+                                        apply_chat_template=False, max_len=64)
+    attach_mismatched(samples, seed=0, max_len=64)
+    batch = collate_kto(samples, tokenizer.pad_token_id)
+    cfg = parse_config("kto", None, ["--pretrain", tiny_model_dir, "--ref_pretrain", other_model_dir, "--ref_mode",
+                                     "live", "--dataset", "d", "--beta", "0.3", "--vanilla_loss"])
+    loss, metrics = kto_method(cfg, tokenizer, dist_info).loss(policy, batch)
+    logps, _ = side_logps(policy, samples, *COMPLETION)
+    ref, _ = side_logps(other, samples, *COMPLETION)
+    r = (logps - ref).tolist()
+    label = [bool(s["label"]) for s in samples]
+    assert 0 < sum(label) < len(label)
+    kl_d = max(0.0, math.fsum(x for x, d in zip(r, label) if d) / sum(label))
+    kl_u = max(0.0, math.fsum(x for x, d in zip(r, label) if not d) / (len(label) - sum(label)))
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    expected = math.fsum(1 - sig(0.3 * (x - kl_u)) if d else 1 - sig(0.3 * (kl_d - x)) for x, d in zip(r, label))
+    assert float(loss) == pytest.approx(expected, rel=1e-5)
+    assert "kl" not in metrics
+    assert float(metrics["kl_desirable"]) == pytest.approx(6 * kl_d, abs=1e-4)
+    assert float(metrics["kl_undesirable"]) == pytest.approx(6 * kl_u, abs=1e-4)
+    default_cfg = parse_config("kto", None, ["--pretrain", tiny_model_dir, "--ref_pretrain", other_model_dir,
+                                             "--ref_mode", "live", "--dataset", "d", "--beta", "0.3"])
+    default_loss, _ = kto_method(default_cfg, tokenizer, dist_info).loss(policy, batch)
+    assert float(default_loss) != pytest.approx(float(loss), rel=1e-6)  # the flag changes the loss
+
+
 def test_kd_loss_equals_reference_function(policy, other, other_model_dir, tiny_model_dir, tokenizer, dist_info):
     """kd's --kd_coef 0.25 (parsed; the default is 0.4) through kd_method's loss: 0.75 NLL + 0.25 KL, float64."""
     from rlhfkit.data.sft import build_sft_samples
