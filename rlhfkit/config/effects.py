@@ -253,8 +253,11 @@ EFFECTS: dict[str, Effect] = {
     "rollout_max_tokens_per_gpu": _t("the token budget of the forward passes' micro-batches; same outputs",
                                      _PPO + "test_forward_micro_batches_follow_the_rollout_budget",
                                      _PPO_OPTS + "test_dynamic_batch_gives_the_same_update"),
-    "ppo:packing_samples": _t("one packed row per micro-batch, each shared prompt once; the packed step equals the "
+    "ppo:packing_samples": _t("one packed row per micro-batch, each shared prompt once (an actor worker's forward: "
+                              "1 row of 25 tokens for 6 samples, the padded log-probs); the packed step equals the "
                               "padded one (metrics and weights)",
+                              "tests/rl/test_worker_flags.py::"
+                              "test_packing_samples_forwards_one_packed_row_with_the_padded_log_probs",
                               "tests/rl/test_packing.py::test_packed_ppo_steps_equal_the_padded_ones",
                               "tests/rl/test_packing.py::"
                               "test_packed_log_probs_entropy_and_gradients_equal_the_padded_forward"),
