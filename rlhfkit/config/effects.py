@@ -205,8 +205,8 @@ EFFECTS: dict[str, Effect] = {
     "max_engine_restarts": _t("a killed and a hung engine are restarted, synced and counted (fault/engine_restarts "
                               "1, then 2; one events.jsonl line each) and the run finishes",
                               _FAULTS + "test_killed_then_hung_engine_is_restarted_synced_and_the_run_finishes"),
-    "vllm_sync_backend": _t("the weight transport (gloo broadcast equals the ray path; nccl without GPUs falls "
-                            "back to gloo with one warning)",
+    "vllm_sync_backend": _t("the weight transport of the run's plan (gloo broadcast equals the ray path; on GPUs "
+                            "gloo / ray / nccl as asked; nccl without GPUs falls back to gloo with one warning)",
                             _PUSH + "test_gloo_broadcast_run_matches_the_ray_run",
                             _PUSH + "test_nccl_without_gpus_falls_back_to_gloo_with_one_warning"),
     "lora_sync": _t("with --lora_rank: adapter sends only the LoRA A/B tensors (sync/bytes = the adapter's bytes) and "
