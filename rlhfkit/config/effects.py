@@ -443,12 +443,13 @@ EFFECTS.update({
                                  _FULL + "test_colocate_actor_ref_with_the_ptx_loss"),
     "ppo:colocate_critic_reward": _t("every reward-model group on the critic's placement group",
                                      _FULL + "test_colocate_critic_reward_with_two_reward_models"),
-    "ppo:vllm_enable_sleep": _t("CUDA: engines asleep between generation and sync (call order with a stand-in "
-                                "engine); CPU: the run logs that the engines stay up",
+    "ppo:vllm_enable_sleep": _t("CUDA: engines asleep between generation and sync (the phases of the parsed flag "
+                                "on a cluster with GPUs: call order with a stand-in engine); CPU: the run logs that "
+                                "the engines stay up",
                                 _FULL + "test_phases_order_sleep_and_offload_around_generation",
                                 _OWN + "test_colocate_all_models_puts_the_engine_on_the_actors_bundle"),
-    "ppo:fsdp_enable_offload": _t("CUDA: trainer state in host RAM during generation (call order); CPU: the run "
-                                  "logs that it is a no-op",
+    "ppo:fsdp_enable_offload": _t("CUDA: trainer state in host RAM during generation (the phases of the parsed "
+                                  "flag on a cluster with GPUs: call order); CPU: the run logs that it is a no-op",
                                   _FULL + "test_phases_order_sleep_and_offload_around_generation",
                                   _OWN + "test_colocate_all_models_puts_the_engine_on_the_actors_bundle"),
     "ppo:ref_reward_offload": NoEffect("CUDA only: the reference and reward models visit the GPU for their forwards; "
