@@ -205,8 +205,8 @@ EFFECTS: dict[str, Effect] = {
     "max_engine_restarts": _t("a killed and a hung engine are restarted, synced and counted (fault/engine_restarts "
                               "1, then 2; one events.jsonl line each) and the run finishes",
                               _FAULTS + "test_killed_then_hung_engine_is_restarted_synced_and_the_run_finishes"),
-    "vllm_sync_backend": _t("the weight transport (gloo broadcast equals the ray path; nccl without GPUs falls "
-                            "back to gloo with one warning)",
+    "vllm_sync_backend": _t("the weight transport of the run's plan (gloo broadcast equals the ray path; on GPUs "
+                            "gloo / ray / nccl as asked; nccl without GPUs falls back to gloo with one warning)",
                             _PUSH + "test_gloo_broadcast_run_matches_the_ray_run",
                             _PUSH + "test_nccl_without_gpus_falls_back_to_gloo_with_one_warning"),
     "lora_sync": _t("with --lora_rank: adapter sends only the LoRA A/B tensors (sync/bytes = the adapter's bytes) and "
@@ -253,8 +253,11 @@ EFFECTS: dict[str, Effect] = {
     "rollout_max_tokens_per_gpu": _t("the token budget of the forward passes' micro-batches; same outputs",
                                      _PPO + "test_forward_micro_batches_follow_the_rollout_budget",
                                      _PPO_OPTS + "test_dynamic_batch_gives_the_same_update"),
-    "ppo:packing_samples": _t("one packed row per micro-batch, each shared prompt once; the packed step equals the "
+    "ppo:packing_samples": _t("one packed row per micro-batch, each shared prompt once (an actor worker's forward: "
+                              "1 row of 25 tokens for 6 samples, the padded log-probs); the packed step equals the "
                               "padded one (metrics and weights)",
+                              "tests/rl/test_worker_flags.py::"
+                              "test_packing_samples_forwards_one_packed_row_with_the_padded_log_probs",
                               "tests/rl/test_packing.py::test_packed_ppo_steps_equal_the_padded_ones",
                               "tests/rl/test_packing.py::"
                               "test_packed_log_probs_entropy_and_gradients_equal_the_padded_forward"),
@@ -440,12 +443,13 @@ EFFECTS.update({
                                  _FULL + "test_colocate_actor_ref_with_the_ptx_loss"),
     "ppo:colocate_critic_reward": _t("every reward-model group on the critic's placement group",
                                      _FULL + "test_colocate_critic_reward_with_two_reward_models"),
-    "ppo:vllm_enable_sleep": _t("CUDA: engines asleep between generation and sync (call order with a stand-in "
-                                "engine); CPU: the run logs that the engines stay up",
+    "ppo:vllm_enable_sleep": _t("CUDA: engines asleep between generation and sync (the phases of the parsed flag "
+                                "on a cluster with GPUs: call order with a stand-in engine); CPU: the run logs that "
+                                "the engines stay up",
                                 _FULL + "test_phases_order_sleep_and_offload_around_generation",
                                 _OWN + "test_colocate_all_models_puts_the_engine_on_the_actors_bundle"),
-    "ppo:fsdp_enable_offload": _t("CUDA: trainer state in host RAM during generation (call order); CPU: the run "
-                                  "logs that it is a no-op",
+    "ppo:fsdp_enable_offload": _t("CUDA: trainer state in host RAM during generation (the phases of the parsed "
+                                  "flag on a cluster with GPUs: call order); CPU: the run logs that it is a no-op",
                                   _FULL + "test_phases_order_sleep_and_offload_around_generation",
                                   _OWN + "test_colocate_all_models_puts_the_engine_on_the_actors_bundle"),
     "ppo:ref_reward_offload": NoEffect("CUDA only: the reference and reward models visit the GPU for their forwards; "

@@ -53,8 +53,9 @@ TRAIN_EFFECTS: dict[str, Effect] = {
                                 "merged into",
                                 "tests/config/test_seed_flags.py::test_lora_merge_model_path_is_pretrain"),
     "attn_implementation": _t("the attention kernel of the loaded model (config._attn_implementation)", _SCAFFOLD),
-    "ppo:attn_implementation": _t("the workers load their models with `load_causal_lm(..., attn_implementation)`, "
-                                  "which sets the kernel",
+    "ppo:attn_implementation": _t("the kernel the actor, reference and critic workers load their models with "
+                                  "(eager here; sdpa without the flag)",
+                                  "tests/rl/test_worker_flags.py::test_attn_implementation_is_the_kernel_of_every_role",
                                   "tests/models/test_loading.py::test_load_causal_lm_dtype_and_attention"),
     "serve-rm:attn_implementation": _t("passed to the reward model loader",
                                        _CLI + "test_serve_rm_flags_reach_the_reward_source_and_the_server"),

@@ -294,6 +294,13 @@ def load_ptx(cfg: PPOConfig, tokenizer: Any) -> PromptStream | None:
     return PromptStream(samples, cfg.seed + 1)
 
 
+def set_process_deadlines(cfg: PPOConfig) -> None:
+    """The driver's process-wide waits on its remote calls (rlhfkit.rollout.remote): --remote_call_timeout, every
+    call's deadline, and --engine_hang_timeout, the liveness probes of the engines while a call runs."""
+    set_remote_call_timeout(cfg.remote_call_timeout)
+    set_engine_hang_timeout(cfg.engine_hang_timeout)
+
+
 def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = None) -> RLSetup:
     """Everything a run needs. `engines`: already-running rollout engines to reuse (tests, notebooks); `best`: the
     --best_metric_key tracker (restored on resume).
@@ -309,8 +316,7 @@ def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = No
     if cfg.advantage_estimator == DISTILL_ESTIMATOR:  # the teacher scores the student's token ids
         check_same_tokenizer(need(cfg.pretrain, "--pretrain"), reference_model(cfg),
                              teacher_flag="--teacher_model" if cfg.teacher_model else "--ref_pretrain")
-    set_remote_call_timeout(cfg.remote_call_timeout)  # every remote call's deadline (rlhfkit.rollout.remote)
-    set_engine_hang_timeout(cfg.engine_hang_timeout)  # engines probed while a call runs (rlhfkit.rollout.remote)
+    set_process_deadlines(cfg)
     preflight(cfg, engines)  # model context, host devices and RAM, the user's .py files: before Ray starts
     agent = load_agent(cfg.agent_func_path, cfg.agent_action_max_len) if cfg.agent_func_path and not replay else None
     owns_ray = start_ray(cfg)

@@ -7,22 +7,33 @@ import pytest
 import torch
 
 from rlhfkit.algorithms.policy_loss import ppo_policy_loss
+from rlhfkit.config.parse import flags_to_argv, parse_config
+from rlhfkit.rl.policy_step import policy_loss
 
 D = torch.float64
 
 
+def _ppo_cfg(**flags):
+    base = {"pretrain": "m", "prompt_data": "p", "remote_rm_url": "builtin:format"}
+    return parse_config("ppo", None, flags_to_argv({**base, **flags}))
+
+
 def test_cispo_value_and_gradient_match_the_formula_with_the_clip_active():
-    """l_t = -clip(rho_t, 1 - lo, 1 + hi) A_t log pi_t, token mean; d/d log pi_t = -clip(rho_t) A_t / N."""
+    """l_t = -clip(rho_t, 1 - lo, 1 + hi) A_t log pi_t, token mean; d/d log pi_t = -clip(rho_t) A_t / N. The loss is
+    the policy step's (rlhfkit.rl.policy_step.policy_loss) under ppo's parsed --policy_loss_type cispo."""
     lp = [[-0.3, -2.0, -1.0, -0.7], [-4.0, -0.1, -1.5, float("-inf")]]
     old = [[-1.8, -0.5, -1.05, -0.7], [-1.0, -3.0, -1.2, -2.0]]  # log rho = 1.5, -1.5, 0.05, 0; -3, 2.9, -0.3
     adv = [[1.0, -2.0, 0.5, 3.0], [-1.0, 2.0, 0.25, 9.0]]
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.bool)
     lo, hi = 0.2, 0.28
     log_probs = torch.tensor(lp, dtype=D, requires_grad=True)
-    loss, metrics = ppo_policy_loss(log_probs, torch.tensor(old, dtype=D), torch.tensor(adv, dtype=D), mask,
-                                    eps_clip_low_high=(lo, hi), policy_loss_type="cispo")
-    loss.backward()
+    cfg = _ppo_cfg(policy_loss_type="cispo", eps_clip_low_high=[lo, hi])
     n = 7
+    mb = {"action_mask": mask, "advantages": torch.tensor(adv, dtype=D)}
+    out = policy_loss(cfg, mb, log_probs, torch.zeros_like(log_probs), torch.tensor(old, dtype=D), {}, num_tokens=n,
+                      num_seqs=None, kl_coef=0.0)
+    loss, metrics = out.loss, out.metrics
+    loss.backward()
     terms, grads, clipped, ratios = [], [[0.0] * 4 for _ in range(2)], 0, []
     for b in range(2):
         for t in range(4):

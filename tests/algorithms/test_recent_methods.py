@@ -20,6 +20,8 @@ from rlhfkit.algorithms import (
     ppo_policy_loss,
     stop_properly_penalty,
 )
+from rlhfkit.config.parse import flags_to_argv, parse_config
+from rlhfkit.rl.policy_step import policy_loss
 
 D = torch.float64
 
@@ -59,9 +61,14 @@ def test_gspo_value_per_token_loss_and_gradient():
     lp, old, adv, mask = _batch()
     low, high = 0.03, 0.04
     x = lp.clone().requires_grad_(True)
-    out: dict = {}
-    loss, metrics = ppo_policy_loss(x, old, adv, mask, eps_clip_low_high=(low, high), loss_agg_mode="seq_mean",
-                                    policy_loss_type="gspo", token_out=out)
+    # the policy step's loss (rlhfkit.rl.policy_step.policy_loss) under ppo's parsed --policy_loss_type gspo
+    flags = {"pretrain": "m", "prompt_data": "p", "remote_rm_url": "builtin:format", "policy_loss_type": "gspo",
+             "eps_clip_low_high": [low, high]}
+    cfg = parse_config("ppo", None, flags_to_argv(flags))
+    step = policy_loss(cfg, {"action_mask": mask, "advantages": adv}, x, torch.zeros_like(x), old, {},
+                       num_tokens=float(mask.sum()), num_seqs=float(lp.shape[0]), kl_coef=0.0, with_tokens=True)
+    loss, out, metrics = step.loss, step.token_out, step.metrics
+    assert out is not None
     x_ref = torch.where(mask, lp, torch.zeros((), dtype=D)).clone().requires_grad_(True)
     ref = _gspo_seq_objective(x_ref, torch.where(mask, old, torch.zeros((), dtype=D)), adv, mask, low, high)
     assert float(loss.detach()) == pytest.approx(float(ref.detach()), rel=1e-12, abs=1e-14)

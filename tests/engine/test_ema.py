@@ -12,6 +12,7 @@ import torch
 from rlhfkit.config.parse import parse_config
 from rlhfkit.engine.checkpoint import load_checkpoint, save_checkpoint
 from rlhfkit.engine.distributed import DistInfo
+from rlhfkit.engine.ema import resolved_ema_beta
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.errors import ConfigError
 from rlhfkit.rl.validate import validate_rl
@@ -39,8 +40,10 @@ def _step(engine: TrainEngine, seed: int) -> None:
 
 def test_ema_after_real_steps_matches_a_float64_hand_computation():
     """The engine of a ppo --enable_ema actor: ema_T = beta^T theta_0 + (1 - beta) sum_t beta^(T-t) theta_t from the
-    recorded parameter trajectory; frozen parameters are not averaged; without ema_beta the engine keeps no EMA."""
-    beta = 0.7
+    recorded parameter trajectory; frozen parameters are not averaged; without --enable_ema the engine keeps no EMA.
+    The decay is the one the actor worker gives its engine, resolved from ppo's parsed flags."""
+    beta = resolved_ema_beta(_ppo("--enable_ema", "--ema_beta", "0.7"))
+    assert beta == 0.7
     engine = _engine(beta)
     names = [n for n, p in engine.model.named_parameters() if p.requires_grad]
     trajectory = [{n: p.detach().double().clone() for n, p in engine.model.named_parameters()}]
@@ -59,7 +62,7 @@ def test_ema_after_real_steps_matches_a_float64_hand_computation():
         assert (got.double() - trajectory[-1][name]).abs().max() > 1e-3
         assert (got.double() - trajectory[0][name]).abs().max() > 1e-3
     assert engine.ema.updates == 3
-    assert _engine(None).ema is None
+    assert _engine(resolved_ema_beta(_ppo())).ema is None  # no --enable_ema
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # DCP without a process group

@@ -21,10 +21,15 @@ SLACK_S = 4.0  # Ray's own reporting of a failure on a loaded 2-core machine
 
 @pytest.fixture
 def short_deadline():
-    """Call it to make --remote_call_timeout 2 s (the driver's process-wide deadline) until the test ends."""
-    before = remote.remote_call_timeout()
-    yield lambda: remote.set_remote_call_timeout(DEADLINE_S)
-    remote.set_remote_call_timeout(before)
+    """Call it to run ppo's `--remote_call_timeout 2` as a run's driver does (its process-wide deadline, set by
+    build_setup's set_process_deadlines from the parsed flags) until the test ends."""
+    from rlhfkit.config.parse import parse_config
+    from rlhfkit.rl.setup import set_process_deadlines
+
+    before = remote.remote_call_timeout(), remote.engine_hang_timeout()
+    yield lambda: set_process_deadlines(parse_config("ppo", None, ["--remote_call_timeout", f"{DEADLINE_S:g}"]))
+    remote.set_remote_call_timeout(before[0])
+    remote.set_engine_hang_timeout(before[1])
 
 
 def _named(err, text: str) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shutil
 from pathlib import Path
@@ -294,9 +295,10 @@ class _Trainers:
         self.log.append(method)
 
 
-def test_phases_order_sleep_and_offload_around_generation(ray_cluster):
+def test_phases_order_sleep_and_offload_around_generation(ray_cluster, caplog):
     """On CUDA: trainers offloaded while the engines generate, engines asleep while the trainers work, woken for the
-    weight sync. (Driven here with a stand-in engine actor; on CPU `Phases.from_config` turns both off.)"""
+    weight sync. (Driven here with a stand-in engine actor and the phases ppo's parsed --vllm_enable_sleep
+    --fsdp_enable_offload give on a cluster with GPUs; on CPU `Phases.from_config` turns both off, saying so.)"""
     @ray_cluster.remote(num_cpus=0)
     class Engine:
         def __init__(self) -> None:
@@ -312,7 +314,11 @@ def test_phases_order_sleep_and_offload_around_generation(ray_cluster):
             return self.log
 
     engine, calls = Engine.remote(), []
-    phases = Phases([engine], [_Trainers(calls)], sleep_engines=True, offload_trainers=True)
+    cfg = _cfg("--colocate_all_models", "--vllm_enable_sleep", "--fsdp_enable_offload")
+    unset = Phases.from_config(_cfg("--colocate_all_models"), [engine], [_Trainers(calls)], has_gpus=True)
+    assert not unset.sleep_engines and not unset.offload_trainers  # without the flags, nothing moves
+    phases = Phases.from_config(cfg, [engine], [_Trainers(calls)], has_gpus=True)
+    assert phases.sleep_engines and phases.offload_trainers
     for _ in range(2):  # two steps: generate, (reward, train), sync
         phases.before_generation()
         phases.after_generation()
@@ -321,8 +327,11 @@ def test_phases_order_sleep_and_offload_around_generation(ray_cluster):
                              "trainers.offload_states", "engines.sleep", "trainers.reload_states", "engines.wake_up"]
     assert ray_cluster.get(engine.history.remote()) == ["sleep1", "wake_up", "sleep1", "wake_up"]
     assert calls == ["offload_states", "reload_states"] * 2
-    cpu = SimpleNamespace(vllm_enable_sleep=True, fsdp_enable_offload=True, rollout_backend="vllm")
-    inert = Phases.from_config(cpu, [engine], [_Trainers(calls)], has_gpus=False)
+    with caplog.at_level(logging.INFO, logger="rlhfkit"):
+        inert = Phases.from_config(cfg, [engine], [_Trainers(calls)], has_gpus=False)
+    assert [r.getMessage() for r in caplog.records if r.name == "rlhfkit"] == [
+        "--vllm_enable_sleep: vLLM's sleep mode is CUDA-only; on this CPU cluster the engines stay up",
+        "--fsdp_enable_offload: a no-op on CPU (trainer state already lives in host RAM)"]
     inert.before_generation()
     inert.after_generation()
     assert inert.events == [] and not inert.sleep_engines and not inert.offload_trainers

@@ -26,16 +26,30 @@ def test_resolve_sync_backend(requested, gpus, colocated, want):
 
 
 def test_nccl_without_gpus_falls_back_to_gloo_with_one_warning(caplog):
-    """One launch script (`--vllm_sync_backend nccl`) runs on a CPU machine and on a GPU cluster (#13)."""
+    """One launch script (`--vllm_sync_backend nccl`) runs on a CPU machine and on a GPU cluster (#13): the run's
+    plan (resolve_plan on ppo's parsed flags) sends the weights over gloo on a cluster without GPUs, with one
+    warning that the default (auto) does not give; on GPUs the flag's transport is the plan's where auto would pick
+    another."""
+    from rlhfkit.config.parse import flags_to_argv, parse_config
+    from rlhfkit.config.plan import resolve_plan
+
+    def ppo(**flags):
+        return parse_config("ppo", None, flags_to_argv({"pretrain": "m", "prompt_data": "p",
+                                                        "remote_rm_url": "builtin:format", **flags}))
+
+    warning = ("--vllm_sync_backend nccl: this Ray cluster has no GPUs, so the weights go over gloo, the same "
+               "broadcast on CPU")
     with caplog.at_level(logging.WARNING, logger="rlhfkit.config.plan"):
-        assert resolve_sync_backend("nccl", has_gpus=False, colocated=False) == "gloo"
-    assert [r.getMessage() for r in caplog.records] == [
-        "--vllm_sync_backend nccl: this Ray cluster has no GPUs, so the weights go over gloo, the same broadcast "
-        "on CPU"]
+        assert resolve_plan(ppo(vllm_sync_backend="nccl"), has_gpus=False).sync_transport == "gloo"
+    assert [r.getMessage() for r in caplog.records] == [warning]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="rlhfkit.config.plan"):
-        assert resolve_sync_backend("nccl", has_gpus=True, colocated=False) == "nccl"
+        assert resolve_plan(ppo(), has_gpus=False).sync_transport == "gloo"  # auto: gloo, silently
+        assert resolve_plan(ppo(vllm_sync_backend="nccl"), has_gpus=True).sync_transport == "nccl"
     assert caplog.records == []
+    assert resolve_plan(ppo(), has_gpus=True).sync_transport == "nccl"  # auto, engines apart
+    assert resolve_plan(ppo(vllm_sync_backend="gloo"), has_gpus=True).sync_transport == "gloo"
+    assert resolve_plan(ppo(vllm_sync_backend="ray"), has_gpus=True).sync_transport == "ray"
 
 
 def test_nccl_with_colocation_or_an_unknown_backend_is_refused():

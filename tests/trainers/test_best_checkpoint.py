@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlhfkit.config.parse import flags_to_argv
+from rlhfkit.config.parse import flags_to_argv, parse_config
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
 from rlhfkit.engine.best import BestTracker, tracker_for
 from rlhfkit.errors import ConfigError
@@ -94,9 +94,20 @@ def test_tracker_direction_values_and_resume_state(tmp_path):
     assert tracker_for(cfg("none"), "eval/loss", True) is None and tracker_for(cfg(None), "x", False) is None
     with pytest.raises(ConfigError, match="--best_metric_key 'eval/loss' .* add --eval_dataset"):
         tracker_for(cfg("eval/loss"), "eval/loss", False)
-    assert eval_metric_keys(cfg("auto")) == ["eval/reward_mean", "eval/score_mean", "eval/pass@1", "eval/pass@4"]
-    assert best_tracker(cfg("auto")).key == "eval/pass@1" and best_tracker(cfg("eval/pass@4")).higher_is_better
+
+    def ppo(**flags):  # ppo's config as its command line parses it
+        base = {"pretrain": "m", "prompt_data": "p.jsonl", "remote_rm_url": "builtin:math", "ckpt_path": str(tmp_path),
+                "eval_dataset": "e.jsonl", "eval_n_samples_per_prompt": 4}
+        return parse_config("ppo", None, flags_to_argv({**base, **flags}))
+
+    assert eval_metric_keys(ppo()) == ["eval/reward_mean", "eval/score_mean", "eval/pass@1", "eval/pass@4"]
+    assert best_tracker(ppo()) is None  # --best_metric_key unset: no best model kept
+    assert best_tracker(ppo(best_metric_key="auto")).key == "eval/pass@1"
+    pass_at_4 = best_tracker(ppo(best_metric_key="eval/pass@4"))  # ppo's tracker follows the parsed key
+    assert pass_at_4.key == "eval/pass@4" and pass_at_4.higher_is_better
+    evaluations = [{"eval/pass@1": p1, "eval/pass@4": p4} for p1, p4 in [(0.5, 0.5), (0.6, 0.4), (0.1, 0.7)]]
+    assert [pass_at_4.improves(s, m) for s, m in enumerate(evaluations)] == [True, False, True]  # pass@1: T, T, F
     with pytest.raises(ConfigError, match=r"'eval/loss' is not .* eval/pass@1, eval/pass@4, eval/reward_mean"):
-        best_tracker(cfg("eval/loss"))
+        best_tracker(ppo(best_metric_key="eval/loss"))
     with pytest.raises(ConfigError, match="add --eval_dataset"):
-        best_tracker(cfg("auto", eval_dataset=None))
+        best_tracker(ppo(best_metric_key="auto", eval_dataset=None))
