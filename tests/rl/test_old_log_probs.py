@@ -20,7 +20,8 @@ COMPARED = ("rollout/reward_mean", "train/policy_loss", "train/grad_norm", "trai
 
 def _cfg(**overrides) -> SimpleNamespace:
     base = {"recompute_old_log_probs": False, "max_epochs": 1, "train_batch_size": 32, "freezing_actor_steps": -1,
-            "use_kl_loss": False, "init_kl_coef": 0.01}  # a reference model exists only with a KL coefficient
+            "use_kl_loss": False, "init_kl_coef": 0.01,  # a reference model exists only with a KL coefficient
+            "advantage_estimator": "group_norm"}
     return SimpleNamespace(**{**base, **overrides})
 
 
@@ -33,6 +34,7 @@ def _cfg(**overrides) -> SimpleNamespace:
     ({"use_kl_loss": True}, 32, True, True),                # KL as a loss: measured in the training step
     ({"freezing_actor_steps": 3}, 32, False, False),        # the actor does not train in the first steps
     ({"recompute_old_log_probs": True}, 32, False, False),  # asked for
+    ({"advantage_estimator": "on_policy_distill"}, 32, True, False),  # the advantages are made of them
 ])
 def test_when_the_separate_pass_is_redundant(overrides, rows, has_ref, expected):
     assert old_log_probs_from_training_pass(_cfg(**overrides), rows, has_ref) is expected
