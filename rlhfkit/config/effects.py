@@ -192,6 +192,7 @@ EFFECTS: dict[str, Effect] = {
                               _HANGS + "test_stopped_engine_is_named_hung_within_the_hang_timeout_and_0_turns_the_"
                               "probe_off",
                               _HANGS + "test_long_generation_on_a_live_engine_outlasts_the_hang_timeout",
+                              _HANGS + "test_long_generation_in_a_run_is_not_interrupted_by_a_short_hang_timeout",
                               _HANGS + "test_long_generation_in_a_run_is_not_interrupted_by_a_short_hang_timeout"),
     "trainer_hang_timeout": _t("a model-group rank stopped inside a call is killed and named hung (RemoteActorHung: "
                                "role, rank, node, method) within the hang timeout (2 s here) although the deadline is "

@@ -218,8 +218,7 @@ def test_master_weights_rounding_flag_decides_how_the_engine_rounds(tiny_model_d
     """--master_weights_rounding through TrainEngine: after a step far below bf16's resolution, `nearest` leaves the
     compute copy the round-to-nearest of the masters; `stochastic` gives each weight one of its two bf16 neighbours,
     not always the nearest, and its average moved like the masters' (float64)."""
-    from types import SimpleNamespace
-
+    from rlhfkit.config.parse import parse_config
     from rlhfkit.engine.distributed import DistInfo
     from rlhfkit.engine.train_engine import TrainEngine
     from rlhfkit.models.loading import load_causal_lm
@@ -228,11 +227,11 @@ def test_master_weights_rounding_flag_decides_how_the_engine_rounds(tiny_model_d
     ids = _batches(128)[0]
     copies = {}
     for rounding in ("nearest", "stochastic"):
-        cfg = SimpleNamespace(gradient_checkpointing=False, zero_stage=2, param_dtype="bf16", adam_offload=False,
-                              aux_loss_coef=0.0, learning_rate=1e-6, adam_betas=[0.9, 0.95], l2=0.0,
-                              lr_warmup_ratio=0.0, lr_scheduler="constant", min_lr_ratio=0.0, max_norm=1.0,
-                              optim="adam", adam_eps=1e-8, muon_lr=0.02, muon_momentum=0.95, muon_ns_steps=5,
-                              muon_nesterov=True, master_weights_rounding=rounding, seed=1)
+        cfg = parse_config("sft", None, ["--pretrain", str(tiny_model_dir), "--dataset", "unused.jsonl",
+                                         "--param_dtype", "bf16", "--learning_rate", "1e-6", "--lr_warmup_ratio",
+                                         "0", "--lr_scheduler", "constant", "--seed", "1",
+                                         *(["--master_weights_rounding", "nearest"] if rounding == "nearest" else [])])
+        assert cfg.master_weights_rounding == rounding
         engine = TrainEngine(load_causal_lm(tiny_model_dir), cfg, dist, total_steps=4)
         assert engine.master is not None
         engine.model(input_ids=ids, labels=ids).loss.backward()
