@@ -59,7 +59,8 @@ def math_reward(prompts: list[Any], completions: list[Any], label: list[str], **
 
 
 def base_args(spec: dict[str, Any], work: Path) -> dict[str, Any]:
-    return {**COMMON, "output_dir": str(work / "trl-out"), "learning_rate": spec["lr"], "max_steps": spec["steps"],
+    return {**COMMON, "use_cpu": spec.get("device", "cpu") == "cpu",  # benchmarks/gpu_check.py: "cuda"
+            "output_dir": str(work / "trl-out"), "learning_rate": spec["lr"], "max_steps": spec["steps"],
             "seed": spec["seed"], "bf16": spec["precision"] == "bf16",
             "per_device_train_batch_size": spec["micro"],
             "gradient_accumulation_steps": spec["batch"] // spec["micro"]}
@@ -126,6 +127,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             "train_seconds": total, "response_length": statistics.mean(lengths[spec["warmup"]:] or lengths)
             if lengths else None, "peak_mb": {"trl": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024},
             "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
+            "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None,
             "threads": torch.get_num_threads(), "dtype": str(next(trainer.model.parameters()).dtype),
             "config": {k: getattr(trainer.args, k, None) for k in RECORDED}}
 

@@ -65,8 +65,8 @@ def tiny_config(tokenizer: PreTrainedTokenizerBase, *, num_layers: int = 2, hidd
 
 
 def _build(model_cls: type[PreTrainedModel], out_dir: str, *, seed: int, num_layers: int, hidden: int,
-           num_labels: int | None) -> str:
-    tokenizer = tiny_tokenizer()
+           num_labels: int | None, tokenizer: PreTrainedTokenizerBase | None = None) -> str:
+    tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer()
     config = tiny_config(tokenizer, num_layers=num_layers, hidden=hidden, num_labels=num_labels)
     with torch.random.fork_rng(devices=[]):  # deterministic from the seed, global RNG left untouched
         torch.manual_seed(seed)
@@ -76,19 +76,23 @@ def _build(model_cls: type[PreTrainedModel], out_dir: str, *, seed: int, num_lay
     return save_hf(model, tokenizer, os.fspath(out_dir))
 
 
-def build_tiny_causal_lm(out_dir: str, *, seed: int = 0, num_layers: int = 2, hidden: int = 64) -> str:
+def build_tiny_causal_lm(out_dir: str, *, seed: int = 0, num_layers: int = 2, hidden: int = 64,
+                         tokenizer: PreTrainedTokenizerBase | None = None) -> str:
     """Write a random-init tiny ``LlamaForCausalLM`` (fp32 safetensors + SmolLM2 tokenizer) to ``out_dir``.
 
     Deterministic from ``seed``. Returns ``out_dir``. The first call on a machine converts the embedded
-    SmolLM2 GGUF (for its tokenizer); later calls take about a second.
+    SmolLM2 GGUF (for its tokenizer); later calls take about a second. ``tokenizer``: use this one instead (a machine
+    without the embedded model, e.g. the GPU check's, which carries SmolLM2's tokenizer files).
     """
-    return _build(LlamaForCausalLM, out_dir, seed=seed, num_layers=num_layers, hidden=hidden, num_labels=None)
+    return _build(LlamaForCausalLM, out_dir, seed=seed, num_layers=num_layers, hidden=hidden, num_labels=None,
+                  tokenizer=tokenizer)
 
 
-def build_tiny_scalar_model(out_dir: str, *, seed: int = 0, num_layers: int = 2, hidden: int = 64) -> str:
+def build_tiny_scalar_model(out_dir: str, *, seed: int = 0, num_layers: int = 2, hidden: int = 64,
+                            tokenizer: PreTrainedTokenizerBase | None = None) -> str:
     """Like :func:`build_tiny_causal_lm` but a ``LlamaForSequenceClassification`` with a 1-output ``score`` head."""
     return _build(LlamaForSequenceClassification, out_dir, seed=seed, num_layers=num_layers, hidden=hidden,
-                  num_labels=1)
+                  num_labels=1, tokenizer=tokenizer)
 
 
 def build_tiny_moe_causal_lm(out_dir: str, *, seed: int = 0, num_experts: int = 4) -> str:
