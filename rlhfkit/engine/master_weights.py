@@ -100,7 +100,8 @@ class MasterWeights:
         """Round the masters into the compute parameters: the trainable ones after optimizer step `step` (the count
         of steps taken, which seeds stochastic rounding), all of them after a checkpoint load
         (`trainable_only=False`)."""
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step) if self.stochastic else None
+        device = self.pairs[0][1].device  # the draws are made where the weights live (a CUDA generator on a GPU)
+        generator = torch.Generator(device).manual_seed(self.seed * 1_000_003 + step) if self.stochastic else None
         for param, master in self.pairs:
             if generator is not None and param.requires_grad:
                 stochastic_round_to_bf16(master, generator, out=param.data, scratch=self._scratch())

@@ -189,7 +189,7 @@ def train_offline(cfg: OfflineConfig, dist_info: DistInfo, engine: TrainEngine, 
             metrics["step_seconds"] = seconds
             metrics["epoch"] = epoch
             if dist_info.device.type == "cuda":  # this rank's peak GPU memory since the run began
-                metrics["peak_memory_mb"] = torch.cuda.max_memory_allocated(engine.device) / 2**20
+                metrics["peak_memory_mb"] = torch.cuda.max_memory_allocated(dist_info.device) / 2**20
             last = {f"train/{k}": v for k, v in metrics.items()}
             if global_step % cfg.logging_steps == 0:
                 metrics_log.log(global_step, last)

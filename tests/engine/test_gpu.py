@@ -57,8 +57,10 @@ def _losses(rows: list[dict]) -> list[float]:
     return [r["train/loss"] for r in rows if "train/loss" in r]
 
 
-def test_auto_precision_on_a_bf16_gpu_is_bf16_with_a_measured_ceiling():
+def test_auto_precision_on_a_bf16_gpu_is_bf16_with_a_measured_ceiling(monkeypatch):
     from rlhfkit.engine.precision import resolve_precision
+
+    monkeypatch.delenv("RLHFKIT_AUTO_DTYPE", raising=False)  # tests/conftest.py pins auto to fp32
 
     choice = resolve_precision("auto", "cuda")
     assert torch.cuda.is_bf16_supported()
