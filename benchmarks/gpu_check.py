@@ -230,7 +230,7 @@ def run(folder: Path, out: Path, only: set[str] | None, steps: int) -> int:
             except Exception:
                 record("rlhfkit", command, model_name, {"ok": False, "error": traceback.format_exc(limit=4)})
     for command in ("sft", "dpo"):
-        if only and f"trl-{command}" not in only and command not in only:
+        if only and f"trl-{command}" not in only:
             continue
         try:
             record("TRL", command, "llama-0.8b", run_trl(command, models["llama-0.8b"], folder, work, steps))
@@ -247,7 +247,7 @@ def main() -> None:
     parser.add_argument("mode", choices=("prepare", "run"))
     parser.add_argument("folder", type=Path)
     parser.add_argument("out", type=Path, nargs="?", default=Path("gpu_check_out"))
-    parser.add_argument("--only", default="", help="comma-separated: sft, rm, dpo, trl-sft, trl-dpo")
+    parser.add_argument("--only", default="", help="comma-separated: sft, rm, dpo (rlhfkit), trl-sft, trl-dpo")
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args()
     if args.mode == "prepare":
