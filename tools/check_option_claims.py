@@ -2,7 +2,7 @@
 
 The test suite records, per test, the options each test set to a non-default value (tests/option_record.py, a pytest
 plugin: every `make test` / `make test-slow` merges into the record). An entry of the registry
-(rlhfkit/config/effects.py) claims that its cited tests set the option and show its effect; this tool fails an
+(tests/option_effects.yaml) claims that its cited tests set the option and show its effect; this tool fails an
 entry when every cited test that ran and passed left the option at its default (for every command the entry stands
 for). CI (.ci/run) runs it after both tiers:
 
@@ -46,7 +46,7 @@ class Verdict:
 
 def flag_spellings() -> dict[str, dict[str, str]]:
     """command -> {name the registry uses (flag or alias): the name the record uses (argparse dest)}."""
-    from rlhfkit.cli.docs import commands, describe
+    from tools.gen_docs import commands, describe
 
     out: dict[str, dict[str, str]] = {}
     for command in commands():
@@ -66,7 +66,7 @@ def flag_spellings() -> dict[str, dict[str, str]]:
 
 def entry_targets() -> dict[str, set[tuple[str, str]]]:
     """registry key -> the (command, recorded name) pairs whose option the entry stands for."""
-    from rlhfkit.config.effects import registry
+    from tools.option_effects import registry
 
     entries = registry()
     out: dict[str, set[tuple[str, str]]] = {key: set() for key in entries}
@@ -87,7 +87,7 @@ def _matching(tests: dict[str, dict], node_id: str) -> list[dict]:
 
 def check(record: dict) -> list[Verdict]:
     """One verdict per Tested entry of the registry."""
-    from rlhfkit.config.effects import Tested, registry
+    from tools.option_effects import Tested, registry
 
     tests = record.get("tests", {})
     targets = entry_targets()

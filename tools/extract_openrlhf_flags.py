@@ -31,9 +31,11 @@ def today_flags(mirror: str, cli: str) -> dict[str, str]:
     indent = len(src[start]) - len(src[start].lstrip())
     namespace = {"argparse": argparse, "datetime": datetime.datetime, "os": os}
     exec("\n".join(line[indent:] for line in src[start:end]), namespace)  # noqa: S102 - a trusted local mirror
+    parser = namespace["parser"]
+    assert isinstance(parser, argparse.ArgumentParser)
     switches = (argparse._StoreTrueAction, argparse._StoreFalseAction)
     return {opt: "switch" if isinstance(action, switches) else "value"
-            for action in namespace["parser"]._actions if not isinstance(action, argparse._HelpAction)
+            for action in parser._actions if not isinstance(action, argparse._HelpAction)
             for opt in action.option_strings}
 
 

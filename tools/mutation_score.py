@@ -36,12 +36,13 @@ DISTRIBUTED = re.compile(r"process_group|dist\.|all_reduce")
 def function_source(name: str) -> str:
     """Source of the original function of a mutant (``pkg.mod.x_func__mutmut_3``, ``pkg.mod.xǁClsǁmeth__mutmut_1``)."""
     module, func = name.rsplit("__mutmut_", 1)[0].rsplit(".", 1)
-    tree = ast.parse(source := (ROOT / (module.replace(".", "/") + ".py")).read_text())
+    tree: ast.AST = ast.parse(source := (ROOT / (module.replace(".", "/") + ".py")).read_text())
     path = func[2:].split("ǁ") if func.startswith("xǁ") else [func[2:]]
     for part in path:
-        tree = next((n for n in ast.iter_child_nodes(tree) if getattr(n, "name", None) == part), None)
-        if tree is None:
+        found = next((n for n in ast.iter_child_nodes(tree) if getattr(n, "name", None) == part), None)
+        if found is None:
             return ""
+        tree = found
     return ast.get_source_segment(source, tree) or ""
 
 

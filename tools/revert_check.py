@@ -26,9 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tools"))
 
-from check_option_claims import entry_targets  # noqa: E402
+from tools.check_option_claims import entry_targets  # noqa: E402
 
 
 def base(node_id: str) -> str:
@@ -71,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="write the verdicts here")
     args = parser.parse_args(argv)
 
-    from rlhfkit.cli.docs import commands, positional_arguments
-    from rlhfkit.config.effects import Tested, registry
+    from tools.gen_docs import commands, positional_arguments
+    from tools.option_effects import Tested, registry
 
     entries = {k: e for k, e in registry().items() if isinstance(e, Tested)}
     targets = entry_targets()

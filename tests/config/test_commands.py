@@ -13,7 +13,6 @@ from collections import defaultdict
 
 import pytest
 
-from rlhfkit.cli.docs import module_name
 from rlhfkit.config.commands import (
     COMMAND_DEFAULTS,
     CONFIG_CLASSES,
@@ -24,6 +23,7 @@ from rlhfkit.config.commands import (
 )
 from rlhfkit.config.options import TrainOptions
 from rlhfkit.config.parse import build_parser, config_to_dict, make_config_class, parse_config
+from tools.gen_docs import module_name
 
 ALL_GROUPS = sorted({g for cls in CONFIG_CLASSES.values() for g in cls.GROUPS}, key=lambda g: g.__name__)
 

@@ -10,11 +10,11 @@ import re
 import pytest
 from openrlhf_scripts import SCRIPTS, groups, script_argv
 
-from rlhfkit.cli import porting_doc
 from rlhfkit.config import dialect
 from rlhfkit.config.parse import config_to_dict, parse_config
 from rlhfkit.config.rl_options import context_len
 from rlhfkit.errors import ConfigError
+from tools import porting_doc
 
 
 def parsed(command: str, argv: list[str]) -> dict:
@@ -50,7 +50,7 @@ def test_the_counts_come_from_the_live_parser():
 
 
 def test_the_porting_page_is_current():
-    assert not porting_doc.page_stale(), "run `python -m rlhfkit.cli.docs` and commit docs/porting.md"
+    assert not porting_doc.page_stale(), "run `python -m tools.gen_docs` and commit docs/porting.md"
     text = porting_doc.PORTING_PAGE.read_text(encoding="utf-8")
     n = porting_doc.counts(porting_doc.rows())
     assert f"**{n['mapped']} mapped / {n['refused']} refused with a reason / 0 unknown" in text

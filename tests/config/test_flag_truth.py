@@ -8,10 +8,10 @@ import importlib
 
 import pytest
 
-from rlhfkit.cli.docs import module_name
 from rlhfkit.config.parse import parse_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.rl.validate import validate_rl
+from tools.gen_docs import module_name
 
 PPO = ["--pretrain", "m", "--prompt_data", "p", "--remote_rm_url", "builtin:format"]
 

@@ -1,5 +1,5 @@
-"""Every option of every command has an entry in the option-effect registry (rlhfkit/config/effects.py):
-a test that sets it and asserts what changes, or the reason it has no observable effect."""
+"""Every option of every command has an entry in the option-effect registry (tests/option_effects.yaml, read by
+tools/option_effects.py): a test that sets it and asserts what changes, or the reason it has no observable effect."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import functools
 import re
 from pathlib import Path
 
-from rlhfkit.cli.docs import command_aliases, command_flags, commands, positional_arguments
-from rlhfkit.config.effects import NoEffect, Tested, effect_of, registry
+import pytest
+
+from tools.gen_docs import command_aliases, command_flags, commands, positional_arguments
+from tools.option_effects import NoEffect, RegistryFileError, Tested, effect_of, parse, registry
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,7 +74,7 @@ def test_aliases_are_listed_and_have_their_own_entries():
 def test_every_option_of_every_command_has_an_entry():
     missing = [f"{command}:{flag}" for command, flags in _all_flags().items() for flag in flags
                if effect_of(command, flag) is None]
-    assert not missing, (f"{len(missing)} option(s) have no entry in rlhfkit/config/effects.py (a test that proves "
+    assert not missing, (f"{len(missing)} option(s) have no entry in tests/option_effects.yaml (a test that proves "
                          f"they act, or the reason they cannot): {', '.join(missing)}")
 
 
@@ -127,21 +129,37 @@ def test_no_entry_is_stale():
 
 
 def test_the_options_page_is_up_to_date_and_counts_every_option():
-    from rlhfkit.cli import docs
+    from tools import gen_docs as docs
 
     assert not docs.options_page_stale(), ("docs/options.md is out of date: run `make docs` "
-                                           "(python -m rlhfkit.cli.docs) and commit it")
+                                           "(python -m tools.gen_docs) and commit it")
     text = docs.render_options()
     total = sum(len(flags) for flags in _all_flags().values())
     assert f"of {total} options**" in text
     assert "[test_max_norm_clips_the_gradient](../tests/trainers/test_options_act.py)" in text
 
 
-def test_the_registry_merges_the_ppo_table_in_either_import_order():
-    import subprocess
-    import sys
+def test_the_registry_file_reads_into_typed_entries():
+    text = ("ppo:eps_clip:\n  what: the clip range\n  tests:\n  - tests/a.py::test_x\n  - tests/b.py::test_y\n"
+            "adam_offload:\n  no_effect: 'CUDA only: inert on CPU'\n")
+    assert parse(text, "f.yaml") == {
+        "ppo:eps_clip": Tested(tests=("tests/a.py::test_x", "tests/b.py::test_y"), what="the clip range"),
+        "adam_offload": NoEffect(reason="CUDA only: inert on CPU")}
 
-    code = ("import rlhfkit.config.effects_ppo as p; from rlhfkit.config.effects import registry; "
-            "assert set(p.PPO_EFFECTS) <= set(registry())")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-2000:]
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("eps_clip:\n  what: a\n  tests: [tests/a.py::t]\neps_clip:\n  no_effect: b\n",
+     "f.yaml: line 4: 'eps_clip' is listed twice (first at line 1)"),
+    ("eps_clip:\n  what: a\n  tests: [tests/a.py::t]\n  no_effect: b\n",
+     "f.yaml: entry 'eps_clip': has the fields ['no_effect', 'tests', 'what']"),
+    ("eps_clip:\n  what: a\n", "f.yaml: entry 'eps_clip': has the fields ['what']"),
+    ("eps_clip:\n  what: a\n  tests: tests/a.py::t\n", "f.yaml: entry 'eps_clip': `tests` must be a list"),
+    ("eps_clip: the clip range\n", "f.yaml: entry 'eps_clip': expected a mapping"),
+    ("- eps_clip\n", "f.yaml: expected a mapping from option keys to entries"),
+])
+def test_a_malformed_registry_file_is_an_error_naming_the_file_and_key(text, message):
+    """A key listed twice is refused (YAML would keep the last one silently), as is an entry that is neither a
+    proof (`what` and `tests`) nor a reason (`no_effect`)."""
+    with pytest.raises(RegistryFileError) as err:
+        parse(text, "f.yaml")
+    assert message in str(err.value)

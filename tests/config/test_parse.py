@@ -74,8 +74,8 @@ def test_flags_to_argv_round_trips_through_the_parser():
 def _commands_with_groups():
     import importlib
 
-    from rlhfkit.cli.docs import module_name
     from rlhfkit.cli.main import COMMANDS
+    from tools.gen_docs import module_name
 
     for command in COMMANDS:
         groups = getattr(importlib.import_module(module_name(command)), "GROUPS", None)

@@ -8,11 +8,11 @@ import types
 
 import pytest
 
-from rlhfkit.cli import docs
 from rlhfkit.config.options import opt
 from rlhfkit.config.parse import build_parser
+from tools import gen_docs as docs
 
-HOW_TO_FIX = "run `make docs` (python -m rlhfkit.cli.docs) and commit docs/commands/"
+HOW_TO_FIX = "run `make docs` (python -m tools.gen_docs) and commit docs/commands/"
 
 
 @pytest.fixture(scope="module")

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from rlhfkit.cli import docs as generator
-from rlhfkit.cli import porting_doc
 from rlhfkit.cli.main import COMMANDS
 from rlhfkit.config import dialect
 from rlhfkit.config.parse import COMMAND_REJECTED_FLAGS, REJECTED_FLAGS, build_parser
+from tools import gen_docs as generator
+from tools import porting_doc
 
 DOCS_DIR = generator.REPO_ROOT / "docs"
 
@@ -115,7 +115,7 @@ def starts_another_program(segment: str) -> bool:
         return False
     first = words[0].rsplit("/", 1)[-1]
     if first in ("python", "python3") and len(words) > 2 and words[1] == "-m" and words[2] == "rlhfkit.cli.main":
-        return False  # `python -m rlhfkit.cli.main <command>`; other modules (rlhfkit.cli.docs) are programs
+        return False  # `python -m rlhfkit.cli.main <command>`; other modules are programs
     return first in OTHER_PROGRAM_WORDS or first.endswith((".py", ".sh"))
 
 
@@ -153,7 +153,7 @@ def test_the_rule_on_examples():
     assert problems_in("set --no_such_flag") == [
         "--no_such_flag is a flag of no rlhfkit command (nor of a script of this repository)"]
     assert problems_in("`--inprocess` (examples/dpo_ref_modes.py)") == []
-    assert problems_in("python -m rlhfkit.cli.docs --check") == []
+    assert problems_in("python -m tools.gen_docs --check") == []
     assert problems_in("python -m rlhfkit.cli.main rm --kd_coef 1") == ["--kd_coef is not a flag of `rlhfkit rm`"]
     assert problems_in("--apply_chat_template, --no-apply_chat_template and --zpg (refused)") == []
     text = "```bash\nrlhfkit dpo --pretrain m \\\n  --beta 0.1 \\\n  --kd_coef 1\n```\nsee `--beta`\n"
