@@ -214,6 +214,41 @@ def _messages(data: bytes) -> list[dict[str, Any]]:
     return out
 
 
+def _spawn_and_collect(plan: dict[str, Any], *, stdin: Any, capture_stdout: bool, cwd: str | None, timeout: float,
+                       max_output_bytes: int, capture_stderr: bool = False) -> tuple[SandboxRun, str]:
+    """Start rewards/sandbox_child.py on ``plan`` (handed over in a file, results back through a pipe) in a new
+    session, collect its messages until the deadline, kill its whole tree. Returns the run and, with
+    ``capture_stderr`` (the probe only: a program's own stderr could fill the pipe), the child's stderr, where a
+    sandbox set-up failure prints before any program runs."""
+    result_r, result_w = os.pipe()
+    try:
+        with tempfile.TemporaryFile(dir=cwd) as plan_file:
+            plan_file.write(json.dumps(plan).encode())
+            plan_file.seek(0)
+            proc = subprocess.Popen([_python(), "-I", "-S", "-c", _CHILD_SOURCE, str(plan_file.fileno()),
+                                     str(result_w)], stdin=stdin,
+                                    stdout=subprocess.PIPE if capture_stdout else subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE if capture_stderr else subprocess.DEVNULL, cwd=cwd, env={},
+                                    start_new_session=True,
+                                    pass_fds=(plan_file.fileno(), result_w))
+            os.close(result_w)
+            result_w = -1
+            try:
+                run = _collect(proc, result_r, proc.stdout.fileno() if proc.stdout else None,
+                               time.monotonic() + timeout, max_output_bytes)
+            finally:
+                kill_tree(proc)
+                stderr = proc.stderr.read(1 << 16).decode(errors="replace").strip() if proc.stderr else ""
+                for stream in (proc.stdout, proc.stderr):
+                    if stream:
+                        stream.close()
+            return run, stderr
+    finally:
+        os.close(result_r)
+        if result_w >= 0:
+            os.close(result_w)
+
+
 def run_sandboxed(program: str, steps: list[dict[str, str]], *, stdin: str = "", capture_stdout: bool = False,
                   timeout: float = 5.0, limits: SandboxLimits = SandboxLimits(), mode: str = "auto") -> SandboxRun:
     """Run ``program`` then ``steps`` (see rewards/sandbox_child.py) in one sandboxed process tree, kill the tree."""
@@ -221,31 +256,13 @@ def run_sandboxed(program: str, steps: list[dict[str, str]], *, stdin: str = "",
     plan = {"program": program, "steps": steps, "mode": mode, "limits": _rlimits(limits, mode, timeout),
             "as_root_outside": os.geteuid() == 0, "ro_dirs": _readonly_dirs(),
             "tmpfs_bytes": limits.max_file_mb << 20}
-    result_r, result_w = os.pipe()
-    try:
-        with tempfile.TemporaryDirectory(prefix="rlhfkit_code_") as workdir, \
-                tempfile.TemporaryFile(dir=workdir) as plan_file, tempfile.TemporaryFile(dir=workdir) as stdin_file:
-            plan_file.write(json.dumps(plan).encode())
-            plan_file.seek(0)
-            stdin_file.write(stdin.encode("utf-8", "surrogateescape"))
-            stdin_file.seek(0)
-            command = [_python(), "-I", "-S", "-c", _CHILD_SOURCE, str(plan_file.fileno()), str(result_w)]
-            proc = subprocess.Popen(command, stdin=stdin_file, stdout=subprocess.PIPE if capture_stdout else
-                                    subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=workdir, env={},
-                                    start_new_session=True, pass_fds=(plan_file.fileno(), result_w))
-            os.close(result_w)
-            result_w = -1
-            try:
-                return _collect(proc, result_r, proc.stdout.fileno() if proc.stdout else None,
-                                time.monotonic() + timeout, limits.max_output_kb << 10)
-            finally:
-                kill_tree(proc)
-                if proc.stdout:
-                    proc.stdout.close()
-    finally:
-        os.close(result_r)
-        if result_w >= 0:
-            os.close(result_w)
+    with tempfile.TemporaryDirectory(prefix="rlhfkit_code_") as workdir, \
+            tempfile.TemporaryFile(dir=workdir) as stdin_file:
+        stdin_file.write(stdin.encode("utf-8", "surrogateescape"))
+        stdin_file.seek(0)
+        run, _ = _spawn_and_collect(plan, stdin=stdin_file, capture_stdout=capture_stdout, cwd=workdir,
+                                    timeout=timeout, max_output_bytes=limits.max_output_kb << 10)
+        return run
 
 
 def resolve_mode(mode: str) -> str:
@@ -270,28 +287,8 @@ def namespaces_available() -> tuple[bool, str]:
     probe = f"import os\nassert os.listdir('/tmp') == [] and not os.path.exists({here!r})\n"
     plan = {"program": probe, "steps": [], "mode": "namespaces", "limits": {}, "ro_dirs": _readonly_dirs(),
             "as_root_outside": os.geteuid() == 0, "tmpfs_bytes": 1 << 20}
-    result_r, result_w = os.pipe()
-    try:
-        with tempfile.TemporaryFile() as plan_file:
-            plan_file.write(json.dumps(plan).encode())
-            plan_file.seek(0)
-            proc = subprocess.Popen([_python(), "-I", "-S", "-c", _CHILD_SOURCE, str(plan_file.fileno()),
-                                     str(result_w)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, env={}, start_new_session=True,
-                                    pass_fds=(plan_file.fileno(), result_w))
-            os.close(result_w)
-            result_w = -1
-            try:
-                run = _collect(proc, result_r, None, time.monotonic() + 30.0, 1 << 20)
-            finally:
-                kill_tree(proc)
-                stderr = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
-                if proc.stderr:
-                    proc.stderr.close()
-    finally:
-        os.close(result_r)
-        if result_w >= 0:
-            os.close(result_w)
+    run, stderr = _spawn_and_collect(plan, stdin=subprocess.DEVNULL, capture_stdout=False, cwd=None, timeout=30.0,
+                                     max_output_bytes=1 << 20, capture_stderr=True)
     if run.exit_status == 0 and {"program": "ok"} in run.messages:
         return True, ""
     why = [str(m["sandbox"]) for m in run.messages if "sandbox" in m] + stderr.splitlines()[-1:]
