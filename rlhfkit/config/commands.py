@@ -43,7 +43,7 @@ from rlhfkit.config.method_options import (
     RMOptions,
     TeacherModelOptions,
 )
-from rlhfkit.config.optim_options import RoleOptimOptions
+from rlhfkit.config.optim_options import ActorOptimOptions, CriticOptimOptions
 from rlhfkit.config.options import (
     AttentionOptions,
     CheckpointOptions,
@@ -64,11 +64,18 @@ from rlhfkit.config.options import (
 )
 from rlhfkit.config.reward_options import RewardCombineOptions, RewardSourceOptions, ValueHeadOptions
 from rlhfkit.config.rl_options import (
+    AdvantageOptions,
+    AsyncOptions,
+    DynamicBatchOptions,
+    EMAOptions,
+    ISCorrectionOptions,
+    KLOptions,
     PlacementOptions,
+    PolicyLossOptions,
     PromptDataOptions,
     RewardOptions,
-    RLAlgorithmOptions,
     RolloutOptions,
+    RunModeOptions,
     VisionOptions,
 )
 from rlhfkit.config.serve_options import ServeRMOptions
@@ -225,12 +232,13 @@ class PRMConfig(PRMOptions, LabelKeyOptions, PretrainOptions, SeedOptions, Model
 
 @dataclass
 @command_class("ppo")
-class PPOConfig(PlacementOptions, RayOptions, RolloutOptions, VLLMEngineOptions, SamplingOptions, RLAlgorithmOptions,
-                RewardOptions, RewardSourceOptions, RewardCombineOptions, ValueHeadOptions, RefPretrainOptions,
-                TeacherModelOptions, RemoteRewardOptions, PromptDataOptions, InputOptions, MaxLenOptions,
-                LabelKeyOptions, EvalDataOptions, VisionOptions, PretrainOptions, SeedOptions, ModelLoadOptions,
-                AttentionOptions, ModelOptions, TrainOptions, RoleOptimOptions, CheckpointOptions, LoggingOptions,
-                CommandConfig):
+class PPOConfig(PlacementOptions, RayOptions, RolloutOptions, VLLMEngineOptions, SamplingOptions, AdvantageOptions,
+                PolicyLossOptions, KLOptions, ISCorrectionOptions, DynamicBatchOptions, AsyncOptions, EMAOptions,
+                RunModeOptions, RewardOptions, RewardSourceOptions, RewardCombineOptions, ValueHeadOptions,
+                RefPretrainOptions, TeacherModelOptions, RemoteRewardOptions, PromptDataOptions, InputOptions,
+                MaxLenOptions, LabelKeyOptions, EvalDataOptions, VisionOptions, PretrainOptions, SeedOptions,
+                ModelLoadOptions, AttentionOptions, ModelOptions, TrainOptions, ActorOptimOptions, CriticOptimOptions,
+                CheckpointOptions, LoggingOptions, CommandConfig):
     """rlhfkit ppo"""
 
 

@@ -15,6 +15,7 @@ import torch
 from rlhfkit.agents.environment import AgentSpec, load_agent
 from rlhfkit.algorithms.rewards import AdaptiveKLController, FixedKLController
 from rlhfkit.config.commands import PPOConfig, PrecisionRecord
+from rlhfkit.config.optim_options import role_learning_rate
 from rlhfkit.config.plan import DISTILL_ESTIMATOR, RLPlan, reference_model, resolve_plan
 from rlhfkit.config.rl_options import prompt_bound
 from rlhfkit.config.validate import need
@@ -171,7 +172,8 @@ def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: PPOConfig, total_updates: 
         return made[-1]
 
     actor = group("actor", "actor")
-    pending: list[InitCall] = [(actor, ("init_model", cfg.pretrain, True, total_updates, cfg.actor_learning_rate))]
+    actor_lr = role_learning_rate(cfg, "actor")
+    pending: list[InitCall] = [(actor, ("init_model", cfg.pretrain, True, total_updates, actor_lr))]
     ref = None
     if need_ref:
         ref = group("ref", "ref")
@@ -181,7 +183,7 @@ def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: PPOConfig, total_updates: 
         critic = group("critic", "critic")
         critic_specs = reward_specs if critic_specs is None else critic_specs
         init = cfg.critic_pretrain or (critic_specs[0] if critic_specs else cfg.pretrain)
-        pending.append((critic, ("init_model", init, True, total_updates, cfg.critic_learning_rate, True)))
+        pending.append((critic, ("init_model", init, True, total_updates, role_learning_rate(cfg, "critic"), True)))
     rewards = []
     for k, spec in enumerate(reward_specs):
         rewards.append(group("reward", f"reward{k}"))
