@@ -12,9 +12,9 @@ role)` resolves them (`role_optim_values`); TrainEngine builds its optimizer, sc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
-from rlhfkit.config.options import TrainOptions, opt
+from rlhfkit.config.options import opt
 from rlhfkit.errors import ConfigError
 
 
@@ -124,7 +124,14 @@ def role_learning_rate(cfg: object, role: str) -> float:
     return float(getattr(cfg, f"{role}_learning_rate"))
 
 
-def optim_settings(cfg: TrainOptions, role: str | None = None, learning_rate: float | None = None) -> OptimSettings:
+class SharedOptimFlags(Protocol):
+    """What `optim_settings` reads by type: --learning_rate (TrainOptions); the flags of ROLE_SETTINGS (the shared
+    ones and, with a role, the role's) it reads by name."""
+
+    learning_rate: float
+
+
+def optim_settings(cfg: SharedOptimFlags, role: str | None = None, learning_rate: float | None = None) -> OptimSettings:
     """The settings of `role` ('actor', 'critic'; None: the offline commands' one model): each `--<role>_<flag>`
     that is set, else the shared `--<flag>`. `learning_rate`: AdamW's peak lr (default --learning_rate).
     ConfigError names the flag of a value out of range. With a role, `cfg` has the role's RoleOptimGroup too."""
@@ -167,7 +174,7 @@ def _check(s: OptimSettings) -> None:
         raise bad("muon_ns_steps", s.muon_ns_steps, "must lie in [1, 99] (torch.optim.Muon's limit)")
 
 
-def validate_optim(cfg: TrainOptions, roles: tuple[str, ...] = (), absent: tuple[str, ...] = ()) -> None:
+def validate_optim(cfg: SharedOptimFlags, roles: tuple[str, ...] = (), absent: tuple[str, ...] = ()) -> None:
     """Resolve every trained role's settings before anything starts (ConfigError on a bad value). `absent`: roles
     this run does not train; their per-role flags are refused rather than ignored. Roles: `cfg` is ppo's."""
     for role in roles or (None,):

@@ -13,8 +13,8 @@ from rlhfkit.algorithms.kl import compute_kl, kl_loss
 from rlhfkit.algorithms.normalize import masked_mean
 from rlhfkit.algorithms.offpolicy import importance_weights
 from rlhfkit.algorithms.policy_loss import ppo_policy_loss
-from rlhfkit.config.plan import run_kl_mode
 from rlhfkit.config.commands import PPOConfig
+from rlhfkit.config.plan import run_kl_mode
 from rlhfkit.observability.metrics import merge_metrics
 
 

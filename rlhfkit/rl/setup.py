@@ -226,7 +226,8 @@ def cfg_name(spec: str) -> str:
 def _engines(cfg: PPOConfig, path: str, placement: Placement, indices: list[int] | None = None) -> list[Any]:
     """The run's rollout engines from the flags; `indices`: only those engines, with their own options (a restart
     after a fault, `rlhfkit.rl.engine_faults`)."""
-    from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES, create_vllm_engines, engine_options
+    from rlhfkit.launch.engine_spec import vllm_engine_spec
+    from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES, create_vllm_engines
 
     log_dir = None if cfg.verbose or not cfg.run_dir else os.path.join(cfg.run_dir, "logs")  # engine<k>.log
     if cfg.rollout_backend == "hf":
@@ -235,7 +236,7 @@ def _engines(cfg: PPOConfig, path: str, placement: Placement, indices: list[int]
         return create_hf_engines(cfg.vllm_num_engines, path, dtype=ENGINE_DTYPES[cfg.vllm_dtype], log_dir=log_dir,
                                  indices=indices)
 
-    options = engine_options(cfg, dtype=cfg.vllm_dtype, seed=cfg.seed)  # vllm_dtype: resolved by apply_precision
+    options = vllm_engine_spec(cfg, dtype=cfg.vllm_dtype, seed=cfg.seed).kwargs()  # vllm_dtype: by apply_precision
     if "engines" in placement.groups:  # --colocate_all_models: engine k on the actor's bundle k (x TP)
         share = placement.share("engines")
         options.update(placement_group=placement.groups["engines"], num_gpus_per_engine=share,
@@ -248,9 +249,10 @@ def _engines(cfg: PPOConfig, path: str, placement: Placement, indices: list[int]
 def lora_engine_rank(cfg: PPOConfig) -> int:
     """The LoRA rank the run's vLLM engines serve: vLLM's rank for --lora_rank when an adapter-only sync may be used
     (--lora_sync auto or adapter, nothing in the flags against it), else 0 (plain engines)."""
+    from rlhfkit.launch.engine_spec import lora_sync_spec
     from rlhfkit.rollout.lora_sync import adapter_sync_blocker, engine_max_lora_rank
 
-    if cfg.lora_sync == "merged" or adapter_sync_blocker(cfg) is not None:
+    if cfg.lora_sync == "merged" or adapter_sync_blocker(lora_sync_spec(cfg)) is not None:
         return 0
     return engine_max_lora_rank(cfg.lora_rank)
 
@@ -258,10 +260,11 @@ def lora_engine_rank(cfg: PPOConfig) -> int:
 def resolve_run_lora_sync(cfg: PPOConfig, engines: list[Any]) -> None:
     """Set cfg.lora_sync to adapter or merged (--lora_sync auto resolved against the engines), logging the reason
     once when the run trains LoRA."""
+    from rlhfkit.launch.engine_spec import lora_sync_spec
     from rlhfkit.rollout.lora_sync import resolve_lora_sync
 
     infos = call_all(engines, "weight_sync_info", role="engine")
-    cfg.lora_sync, reason = resolve_lora_sync(cfg, infos)
+    cfg.lora_sync, reason = resolve_lora_sync(lora_sync_spec(cfg), infos)
     if cfg.lora_rank > 0:
         log.info("LoRA weight sync: %s (%s)", cfg.lora_sync, reason)
 
