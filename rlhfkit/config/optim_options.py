@@ -20,32 +20,32 @@ from rlhfkit.errors import ConfigError
 
 @dataclass(frozen=True)
 class RoleSetting:
-    """One optimiser setting a role may set for itself: the shared flag it overrides, the OptimSettings field it
-    fills, its type and its help."""
+    """One optimiser setting a role may set for itself (ROLE_SETTINGS' key: the shared flag it overrides): the
+    OptimSettings field it fills, its type and its help."""
 
-    flag: str
     field: str
     type: Any
     what: str
     choices: tuple[str, ...] = ()
 
 
-# The settings a role may override, declared once: every per-role group, its flags' help and the resolution read it.
-ROLE_SETTINGS: tuple[RoleSetting, ...] = (
-    RoleSetting("optim", "optim", str, "optimizer", ("adam", "muon")),
-    RoleSetting("adam_betas", "betas", list[float], "AdamW betas"),
-    RoleSetting("adam_eps", "eps", float, "AdamW epsilon"),
-    RoleSetting("l2", "weight_decay", float, "weight decay"),
-    RoleSetting("max_norm", "max_norm", float, "gradient clipping norm, 0 disables"),
-    RoleSetting("lr_scheduler", "lr_scheduler", str, "schedule after warmup",
-                ("cosine_with_min_lr", "cosine", "constant", "linear")),
-    RoleSetting("lr_warmup_ratio", "lr_warmup_ratio", float, "fraction of steps of linear warmup"),
-    RoleSetting("min_lr_ratio", "min_lr_ratio", float, "final lr as a fraction of the peak"),
-    RoleSetting("muon_lr", "muon_lr", float, "Muon learning rate"),
-    RoleSetting("muon_momentum", "muon_momentum", float, "Muon momentum"),
-    RoleSetting("muon_ns_steps", "muon_ns_steps", int, "Newton-Schulz iterations"),
-    RoleSetting("muon_nesterov", "muon_nesterov", bool, "Nesterov momentum in Muon"),
-)
+# The settings a role may override, declared once, by shared flag name: every per-role group, its flags' help and
+# the resolution read it.
+ROLE_SETTINGS: dict[str, RoleSetting] = {
+    "optim": RoleSetting("optim", str, "optimizer", ("adam", "muon")),
+    "adam_betas": RoleSetting("betas", list[float], "AdamW betas"),
+    "adam_eps": RoleSetting("eps", float, "AdamW epsilon"),
+    "l2": RoleSetting("weight_decay", float, "weight decay"),
+    "max_norm": RoleSetting("max_norm", float, "gradient clipping norm, 0 disables"),
+    "lr_scheduler": RoleSetting("lr_scheduler", str, "schedule after warmup",
+                                ("cosine_with_min_lr", "cosine", "constant", "linear")),
+    "lr_warmup_ratio": RoleSetting("lr_warmup_ratio", float, "fraction of steps of linear warmup"),
+    "min_lr_ratio": RoleSetting("min_lr_ratio", float, "final lr as a fraction of the peak"),
+    "muon_lr": RoleSetting("muon_lr", float, "Muon learning rate"),
+    "muon_momentum": RoleSetting("muon_momentum", float, "Muon momentum"),
+    "muon_ns_steps": RoleSetting("muon_ns_steps", int, "Newton-Schulz iterations"),
+    "muon_nesterov": RoleSetting("muon_nesterov", bool, "Nesterov momentum in Muon"),
+}
 TRAINED_ROLES = ("actor", "critic")
 
 
@@ -67,10 +67,10 @@ class RoleOptimGroup:
         cls.__annotations__ = annotations
         annotations[f"{role}_learning_rate"] = float
         setattr(cls, f"{role}_learning_rate", opt(learning_rate, f"{role}: peak learning rate"))
-        for s in ROLE_SETTINGS:
+        for flag, s in ROLE_SETTINGS.items():
             extra: dict[str, Any] = {"choices": list(s.choices)} if s.choices else {}
-            annotations[f"{role}_{s.flag}"] = s.type | None
-            setattr(cls, f"{role}_{s.flag}", opt(None, f"{role}: {s.what} (unset: --{s.flag})", **extra))
+            annotations[f"{role}_{flag}"] = s.type | None
+            setattr(cls, f"{role}_{flag}", opt(None, f"{role}: {s.what} (unset: --{flag})", **extra))
 
 
 @dataclass
@@ -115,7 +115,7 @@ def _check_role(role: str) -> None:
 def role_optim_values(cfg: object, role: str) -> dict[str, Any]:
     """`--<role>_<flag>` for each of ROLE_SETTINGS (None: unset), by shared flag name; `cfg` has the role's group."""
     _check_role(role)
-    return {s.flag: getattr(cfg, f"{role}_{s.flag}") for s in ROLE_SETTINGS}
+    return {flag: getattr(cfg, f"{role}_{flag}") for flag in ROLE_SETTINGS}
 
 
 def role_learning_rate(cfg: object, role: str) -> float:
@@ -138,10 +138,10 @@ def optim_settings(cfg: SharedOptimFlags, role: str | None = None, learning_rate
     own = role_optim_values(cfg, role) if role else {}
     values: dict[str, Any] = {}
     flags: dict[str, str] = {}
-    for s in ROLE_SETTINGS:
-        mine = own.get(s.flag)
-        values[s.field] = mine if mine is not None else getattr(cfg, s.flag)
-        flags[s.field] = f"{role}_{s.flag}" if mine is not None else s.flag
+    for flag, s in ROLE_SETTINGS.items():
+        mine = own.get(flag)
+        values[s.field] = mine if mine is not None else getattr(cfg, flag)
+        flags[s.field] = f"{role}_{flag}" if mine is not None else flag
     lr = cfg.learning_rate if learning_rate is None else learning_rate
     betas = values.pop("betas")
     settings = OptimSettings(lr=float(lr), betas=tuple(float(b) for b in betas), flags=tuple(flags.items()),
