@@ -1,23 +1,24 @@
 """One static, typed configuration class per command (#12): what `parse_config` returns.
 
-Each class inherits the command's option groups (`rlhfkit.config.*_options`; its `GROUPS`, in --help order). Every
-flag is declared in exactly ONE group, with one type, one default and one help: where commands share flags they share
-a small group (the vLLM engines and sampling of ppo and batch-inference, the reward sources of ppo, batch-inference
-and serve-rm, the preference keys of rm and dpo, the reference model of dpo, kto and ppo, ...). A command whose
-default differs is named in ONE table, `COMMAND_DEFAULTS` (rm: --learning_rate 9e-6 where the group says 5e-6);
-a command for which the flag means something else has its own help in the field's `command_help` (and narrower
-choices in `command_choices`). `command_class` applies both when the class is created, so the class's fields are
-what the command takes, and the parser (`rlhfkit.config.parse.build_parser`) and the generated docs read them.
-`tests/config/test_commands.py` checks that no flag is declared twice and every class against its groups and the
-table, field by field.
+A command's class is declared once: its bases ARE its option groups (`rlhfkit.config.*_options`), in --help order,
+then `CommandConfig`; `command_class` derives `GROUPS` from them, so the dataclass, the parser
+(`rlhfkit.config.parse.build_parser`) and the generated docs read the one list. Every flag is declared in exactly ONE
+group, with one type, one default and one help: where commands share flags they share a small group (the vLLM engines
+and sampling of ppo and batch-inference, the reward sources of ppo, batch-inference and serve-rm, the preference keys
+of rm and dpo, the reference model of dpo, kto and ppo, ...). A command whose default differs is named in ONE table,
+`COMMAND_DEFAULTS` (rm: --learning_rate 9e-6 where the group says 5e-6); a command for which the flag means something
+else has its own help in the field's `command_help` (and narrower choices in `command_choices`). `command_class`
+applies both when the class is created. `tests/config/test_commands.py` checks that no flag is declared twice and
+every class against its groups and the table, field by field.
 
 Because a command's class IS an instance of each of its groups, a consumer can ask for only the group it reads
 (`def f(cfg: TrainOptions)` accepts `SFTConfig` and `PPOConfig`), and mypy follows every `cfg.flag` read:
 
-- `TrainingConfig`: what every training command shares (model, engine, checkpoints, logging): the engine's helpers.
-- `OfflineConfig`: `TrainingConfig` + the data groups: the shared loop of sft, rm, dpo, kto, kd and prm.
 - one class per command: `SFTConfig`, `RMConfig`, `DPOConfig`, `KTOConfig`, `KDConfig`, `PRMConfig`, `PPOConfig`,
   `BatchInferenceConfig`, `ServeRMConfig`; `CONFIG_CLASSES` maps the command name to it.
+- `OfflineConfig`: the union of the offline training commands' classes (sft, rm, dpo, kto, kd, prm): their shared
+  loop reads it; `TrainingConfig`: that and `PPOConfig`, every training command (model, engine, checkpoints,
+  logging). mypy checks a read against every member.
 
 Besides the flags (dataclass fields), an instance carries `command` (class constant), `argv` (the arguments it was
 parsed from) and `precision` (set by `rlhfkit.engine.precision.apply_precision`); none of them is a flag, so
