@@ -114,6 +114,25 @@ def test_no_import_runs_against_the_layers(package):
                        "instead of importing up")
 
 
+# The engines are built from specs made at the command's edge (rlhfkit.launch.engine_spec, rl/, inference/): the
+# rollout engines read nothing of the configuration, the training engine no command class (it types what it reads
+# with protocols and option groups).
+NO_COMMAND_CLASSES: dict[str, tuple[str, ...]] = {
+    "rollout": ("rlhfkit.config",),           # VLLMEngineSpec, SamplingConfig, LoraSyncSpec: made by the caller
+    "engine": ("rlhfkit.config.commands",),   # TrainEngineFlags, DtypeFlags: structural
+}
+
+
+@pytest.mark.parametrize("package", sorted(NO_COMMAND_CLASSES))
+def test_engines_are_built_from_specs_not_from_command_classes(package):
+    bad = [f"{MODULES[module].relative_to(PACKAGE_DIR.parent)}:{line} imports {name}"
+           for module in sorted(MODULES) if top_package(module) == package
+           for name, line in sorted(internal_imports(module).items())
+           if any(name == banned or name.startswith(banned + ".") for banned in NO_COMMAND_CLASSES[package])]
+    assert not bad, (f"rlhfkit.{package} must not import {NO_COMMAND_CLASSES[package]}: build a spec at the "
+                     "command's edge (rlhfkit.launch.engine_spec) and pass it in:\n  " + "\n  ".join(bad))
+
+
 def import_cycles() -> list[set[str]]:
     """Strongly connected groups (more than one module) of the module import graph (Tarjan)."""
     graph = {m: set(internal_imports(m)) for m in MODULES}

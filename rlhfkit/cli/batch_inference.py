@@ -18,7 +18,7 @@ GROUPS = list(BatchInferenceConfig.GROUPS)
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from rlhfkit.inference.batch import run_batch_inference
 
-    cfg = parse_config("batch-inference", GROUPS, argv, DESCRIPTION)
+    cfg = parse_config(BatchInferenceConfig, GROUPS, argv, DESCRIPTION)
     stats = run_batch_inference(cfg)
     print(json.dumps(stats))
     print(f"wrote {stats['rows_written']} rows to {cfg.output_path}")

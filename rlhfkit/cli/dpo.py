@@ -15,7 +15,7 @@ DESCRIPTION = "Direct preference optimisation on chosen/rejected pairs: DPO, cDP
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    cfg = parse_config("dpo", GROUPS, argv, DESCRIPTION)
+    cfg = parse_config(DPOConfig, GROUPS, argv, DESCRIPTION)
     validate_dpo(cfg)
     return run_offline_command(cfg, dpo_samples, dpo_method, load_policy)
 

@@ -15,7 +15,7 @@ DESCRIPTION = "Knowledge distillation: SFT loss mixed with forward KL to a teach
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    cfg = parse_config("kd", GROUPS, argv, DESCRIPTION)
+    cfg = parse_config(KDConfig, GROUPS, argv, DESCRIPTION)
     validate_kd(cfg)
     return run_offline_command(cfg, kd_samples, kd_method, load_policy)
 

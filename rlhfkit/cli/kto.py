@@ -15,7 +15,7 @@ DESCRIPTION = "KTO on unpaired completions with a boolean desirable/undesirable 
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    cfg = parse_config("kto", GROUPS, argv, DESCRIPTION)
+    cfg = parse_config(KTOConfig, GROUPS, argv, DESCRIPTION)
     validate_kto(cfg)
     return run_offline_command(cfg, kto_samples, kto_method, load_policy)
 

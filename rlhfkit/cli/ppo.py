@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from rlhfkit.observability.summary import summarize_run, summary_lines
     from rlhfkit.rl.ppo_trainer import train_ppo
 
-    cfg = parse_config("ppo", GROUPS, argv, DESCRIPTION)
+    cfg = parse_config(PPOConfig, GROUPS, argv, DESCRIPTION)
     result = train_ppo(cfg)
     run_dir = need(cfg.run_dir, "--run_dir")  # set by the run
     print(f"report: {write_report(run_dir)}")

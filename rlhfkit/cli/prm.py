@@ -15,7 +15,7 @@ DESCRIPTION = "Process reward model: at each step's --placeholder_token, predict
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    cfg = parse_config("prm", GROUPS, argv, DESCRIPTION)
+    cfg = parse_config(PRMConfig, GROUPS, argv, DESCRIPTION)
     validate_prm(cfg)
     return run_offline_command(cfg, prm_samples, prm_method, load_policy)
 

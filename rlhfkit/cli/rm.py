@@ -15,7 +15,7 @@ DESCRIPTION = "Bradley-Terry reward model on chosen/rejected pairs (scalar 'scor
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    cfg = parse_config("rm", GROUPS, argv, DESCRIPTION)
+    cfg = parse_config(RMConfig, GROUPS, argv, DESCRIPTION)
     validate_rm(cfg)
     norm = RewardNormalisation()
     return run_offline_command(cfg, rm_samples, rm_method, load_reward_model, extra_config=norm.remember,

@@ -15,7 +15,7 @@ DESCRIPTION = "Supervised fine-tuning: loss on response tokens (--multiturn: eve
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    cfg = parse_config("sft", GROUPS, argv, DESCRIPTION)
+    cfg = parse_config(SFTConfig, GROUPS, argv, DESCRIPTION)
     return run_offline_command(cfg, sft_samples, sft_method, load_policy)
 
 

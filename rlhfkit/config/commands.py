@@ -1,23 +1,24 @@
 """One static, typed configuration class per command (#12): what `parse_config` returns.
 
-Each class inherits the command's option groups (`rlhfkit.config.*_options`; its `GROUPS`, in --help order). Every
-flag is declared in exactly ONE group, with one type, one default and one help: where commands share flags they share
-a small group (the vLLM engines and sampling of ppo and batch-inference, the reward sources of ppo, batch-inference
-and serve-rm, the preference keys of rm and dpo, the reference model of dpo, kto and ppo, ...). A command whose
-default differs is named in ONE table, `COMMAND_DEFAULTS` (rm: --learning_rate 9e-6 where the group says 5e-6);
-a command for which the flag means something else has its own help in the field's `command_help` (and narrower
-choices in `command_choices`). `command_class` applies both when the class is created, so the class's fields are
-what the command takes, and the parser (`rlhfkit.config.parse.build_parser`) and the generated docs read them.
-`tests/config/test_commands.py` checks that no flag is declared twice and every class against its groups and the
-table, field by field.
+A command's class is declared once: its bases ARE its option groups (`rlhfkit.config.*_options`), in --help order,
+then `CommandConfig`; `command_class` derives `GROUPS` from them, so the dataclass, the parser
+(`rlhfkit.config.parse.build_parser`) and the generated docs read the one list. Every flag is declared in exactly ONE
+group, with one type, one default and one help: where commands share flags they share a small group (the vLLM engines
+and sampling of ppo and batch-inference, the reward sources of ppo, batch-inference and serve-rm, the preference keys
+of rm and dpo, the reference model of dpo, kto and ppo, ...). A command whose default differs is named in ONE table,
+`COMMAND_DEFAULTS` (rm: --learning_rate 9e-6 where the group says 5e-6); a command for which the flag means something
+else has its own help in the field's `command_help` (and narrower choices in `command_choices`). `command_class`
+applies both when the class is created. `tests/config/test_commands.py` checks that no flag is declared twice and
+every class against its groups and the table, field by field.
 
 Because a command's class IS an instance of each of its groups, a consumer can ask for only the group it reads
 (`def f(cfg: TrainOptions)` accepts `SFTConfig` and `PPOConfig`), and mypy follows every `cfg.flag` read:
 
-- `TrainingConfig`: what every training command shares (model, engine, checkpoints, logging): the engine's helpers.
-- `OfflineConfig`: `TrainingConfig` + the data groups: the shared loop of sft, rm, dpo, kto, kd and prm.
 - one class per command: `SFTConfig`, `RMConfig`, `DPOConfig`, `KTOConfig`, `KDConfig`, `PRMConfig`, `PPOConfig`,
   `BatchInferenceConfig`, `ServeRMConfig`; `CONFIG_CLASSES` maps the command name to it.
+- `OfflineConfig`: the union of the offline training commands' classes (sft, rm, dpo, kto, kd, prm): their shared
+  loop reads it; `TrainingConfig`: that and `PPOConfig`, every training command (model, engine, checkpoints,
+  logging). mypy checks a read against every member.
 
 Besides the flags (dataclass fields), an instance carries `command` (class constant), `argv` (the arguments it was
 parsed from) and `precision` (set by `rlhfkit.engine.precision.apply_precision`); none of them is a flag, so
@@ -26,9 +27,9 @@ parsed from) and `precision` (set by `rlhfkit.engine.precision.apply_precision`)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import MISSING, Field, dataclass, field, fields
-from typing import Any, ClassVar, Protocol, TypeVar, get_type_hints
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
+from typing import Any, ClassVar, Protocol, TypeAlias, TypeVar, get_type_hints
 
 from rlhfkit.config.engine_options import RayOptions, SamplingOptions, VLLMEngineOptions
 from rlhfkit.config.inference_options import InferenceOptions
@@ -43,7 +44,7 @@ from rlhfkit.config.method_options import (
     RMOptions,
     TeacherModelOptions,
 )
-from rlhfkit.config.optim_options import RoleOptimOptions
+from rlhfkit.config.optim_options import ActorOptimOptions, CriticOptimOptions
 from rlhfkit.config.options import (
     AttentionOptions,
     CheckpointOptions,
@@ -64,11 +65,18 @@ from rlhfkit.config.options import (
 )
 from rlhfkit.config.reward_options import RewardCombineOptions, RewardSourceOptions, ValueHeadOptions
 from rlhfkit.config.rl_options import (
+    AdvantageOptions,
+    AsyncOptions,
+    DynamicBatchOptions,
+    EMAOptions,
+    ISCorrectionOptions,
+    KLOptions,
     PlacementOptions,
+    PolicyLossOptions,
     PromptDataOptions,
     RewardOptions,
-    RLAlgorithmOptions,
     RolloutOptions,
+    RunModeOptions,
     VisionOptions,
 )
 from rlhfkit.config.serve_options import ServeRMOptions
@@ -142,121 +150,118 @@ def _is_own(command: str, f: Field) -> bool:
     return any(command in f.metadata.get(key, {}) for key in ("command_help", "command_choices"))
 
 
-def command_class(cls: _C) -> _C:
-    """Class decorator (under @dataclass) of a command's config class: re-declares, with the group's type, each
-    field whose default COMMAND_DEFAULTS[cls.command] sets or whose help / choices the field gives per command.
-    The field keeps its place (dataclasses keep a base's field order); mypy sees the group's declaration."""
-    command: str = cls.command  # type: ignore[attr-defined]
-    defaults = COMMAND_DEFAULTS.get(command, {})
-    annotations = cls.__dict__.get("__annotations__", {})
-    cls.__annotations__ = annotations
-    done: set[str] = set()
-    for group in cls.GROUPS:  # type: ignore[attr-defined]
-        hints = get_type_hints(group)
-        for f in fields(group):
-            if f.name in defaults or _is_own(command, f):
-                annotations[f.name] = hints[f.name]
-                setattr(cls, f.name, command_field(command, f, defaults.get(f.name, MISSING)))
-                done.add(f.name)
-    if set(defaults) - done:
-        raise TypeError(f"COMMAND_DEFAULTS[{command!r}] names flags {sorted(set(defaults) - done)} that "
-                        f"'rlhfkit {command}' does not have")
-    return cls
+def command_class(command: str) -> Callable[[_C], _C]:
+    """Class decorator (under @dataclass) of a command's config class, whose bases ARE its option groups, in --help
+    order (then CommandConfig): the one declaration the dataclass, the parser and the docs read. Sets `command` and
+    `GROUPS` (those bases) and re-declares, with the group's type, each field whose default COMMAND_DEFAULTS[command]
+    sets or whose help / choices the field gives per command. mypy sees the group's declaration."""
+
+    def decorate(cls: _C) -> _C:
+        groups = tuple(base for base in cls.__bases__ if base is not CommandConfig)
+        if CommandConfig not in cls.__bases__ or not all(is_dataclass(g) for g in groups):
+            raise TypeError(f"{cls.__name__}: the bases of a command's class are its option groups, then "
+                            "CommandConfig")
+        cls.command = command  # type: ignore[attr-defined]
+        cls.GROUPS = groups  # type: ignore[attr-defined]
+        defaults = COMMAND_DEFAULTS.get(command, {})
+        annotations = cls.__dict__.get("__annotations__", {})
+        cls.__annotations__ = annotations
+        done: set[str] = set()
+        for group in groups:
+            hints = get_type_hints(group)
+            for f in fields(group):
+                if f.name in defaults or _is_own(command, f):
+                    annotations[f.name] = hints[f.name]
+                    setattr(cls, f.name, command_field(command, f, defaults.get(f.name, MISSING)))
+                    done.add(f.name)
+        if set(defaults) - done:
+            raise TypeError(f"COMMAND_DEFAULTS[{command!r}] names flags {sorted(set(defaults) - done)} that "
+                            f"'rlhfkit {command}' does not have")
+        return cls
+
+    return decorate
 
 
-_TRAIN_HEAD = (PretrainOptions, SeedOptions, ModelLoadOptions, AttentionOptions, ModelOptions)
-_TRAIN_TAIL = (TrainOptions, CheckpointOptions, LoggingOptions)
-_OFFLINE = (*_TRAIN_HEAD, DataOptions, InputOptions, MaxLenOptions, EvalDataOptions, *_TRAIN_TAIL)
+# Each class's bases are its option groups in --help order, then CommandConfig; nothing else lists them.
+@dataclass
+@command_class("sft")
+class SFTConfig(SFTOptions, PretrainModeOptions, PretrainOptions, SeedOptions, ModelLoadOptions, AttentionOptions,
+                ModelOptions, DataOptions, InputOptions, MaxLenOptions, EvalDataOptions, TrainOptions,
+                CheckpointOptions, LoggingOptions, CommandConfig):
+    """rlhfkit sft"""
 
 
 @dataclass
-class TrainingConfig(PretrainOptions, SeedOptions, ModelLoadOptions, AttentionOptions, ModelOptions, EvalDataOptions,
-                     TrainOptions, CheckpointOptions, LoggingOptions, CommandConfig):
-    """The groups every training command (sft, rm, dpo, kto, kd, prm, ppo) has."""
+@command_class("rm")
+class RMConfig(RMOptions, PreferenceKeyOptions, ValueHeadOptions, PretrainOptions, SeedOptions, ModelLoadOptions,
+               AttentionOptions, ModelOptions, DataOptions, InputOptions, MaxLenOptions, EvalDataOptions, TrainOptions,
+               CheckpointOptions, LoggingOptions, CommandConfig):
+    """rlhfkit rm"""
 
 
 @dataclass
-class OfflineConfig(DataOptions, InputOptions, MaxLenOptions, TrainingConfig):
-    """The groups of the offline training commands (sft, rm, dpo, kto, kd, prm): the shared loop reads these."""
+@command_class("dpo")
+class DPOConfig(DPOOptions, ReferenceLogpOptions, RefPretrainOptions, PreferenceKeyOptions, PretrainOptions,
+                SeedOptions, ModelLoadOptions, AttentionOptions, ModelOptions, DataOptions, InputOptions,
+                MaxLenOptions, EvalDataOptions, TrainOptions, CheckpointOptions, LoggingOptions, CommandConfig):
+    """rlhfkit dpo"""
 
 
 @dataclass
-@command_class
-class SFTConfig(SFTOptions, PretrainModeOptions, OfflineConfig):
-    command: ClassVar[str] = "sft"
-    GROUPS: ClassVar[tuple[type, ...]] = (SFTOptions, PretrainModeOptions, *_OFFLINE)
+@command_class("kto")
+class KTOConfig(KTOOptions, ReferenceLogpOptions, RefPretrainOptions, LabelKeyOptions, PretrainOptions, SeedOptions,
+                ModelLoadOptions, AttentionOptions, ModelOptions, DataOptions, InputOptions, MaxLenOptions,
+                EvalDataOptions, TrainOptions, CheckpointOptions, LoggingOptions, CommandConfig):
+    """rlhfkit kto"""
 
 
 @dataclass
-@command_class
-class RMConfig(RMOptions, PreferenceKeyOptions, ValueHeadOptions, OfflineConfig):
-    command: ClassVar[str] = "rm"
-    GROUPS: ClassVar[tuple[type, ...]] = (RMOptions, PreferenceKeyOptions, ValueHeadOptions, *_OFFLINE)
+@command_class("kd")
+class KDConfig(TeacherModelOptions, KDOptions, PretrainModeOptions, PretrainOptions, SeedOptions, ModelLoadOptions,
+               AttentionOptions, ModelOptions, DataOptions, InputOptions, MaxLenOptions, EvalDataOptions,
+               TrainOptions, CheckpointOptions, LoggingOptions, CommandConfig):
+    """rlhfkit kd"""
 
 
 @dataclass
-@command_class
-class DPOConfig(DPOOptions, ReferenceLogpOptions, RefPretrainOptions, PreferenceKeyOptions, OfflineConfig):
-    command: ClassVar[str] = "dpo"
-    GROUPS: ClassVar[tuple[type, ...]] = (DPOOptions, ReferenceLogpOptions, RefPretrainOptions, PreferenceKeyOptions,
-                                          *_OFFLINE)
+@command_class("prm")
+class PRMConfig(PRMOptions, LabelKeyOptions, PretrainOptions, SeedOptions, ModelLoadOptions, AttentionOptions,
+                ModelOptions, DataOptions, InputOptions, MaxLenOptions, EvalDataOptions, TrainOptions,
+                CheckpointOptions, LoggingOptions, CommandConfig):
+    """rlhfkit prm"""
 
 
 @dataclass
-@command_class
-class KTOConfig(KTOOptions, ReferenceLogpOptions, RefPretrainOptions, LabelKeyOptions, OfflineConfig):
-    command: ClassVar[str] = "kto"
-    GROUPS: ClassVar[tuple[type, ...]] = (KTOOptions, ReferenceLogpOptions, RefPretrainOptions, LabelKeyOptions,
-                                          *_OFFLINE)
+@command_class("ppo")
+class PPOConfig(PlacementOptions, RayOptions, RolloutOptions, VLLMEngineOptions, SamplingOptions, AdvantageOptions,
+                PolicyLossOptions, KLOptions, ISCorrectionOptions, DynamicBatchOptions, AsyncOptions, EMAOptions,
+                RunModeOptions, RewardOptions, RewardSourceOptions, RewardCombineOptions, ValueHeadOptions,
+                RefPretrainOptions, TeacherModelOptions, RemoteRewardOptions, PromptDataOptions, InputOptions,
+                MaxLenOptions, LabelKeyOptions, EvalDataOptions, VisionOptions, PretrainOptions, SeedOptions,
+                ModelLoadOptions, AttentionOptions, ModelOptions, TrainOptions, ActorOptimOptions, CriticOptimOptions,
+                CheckpointOptions, LoggingOptions, CommandConfig):
+    """rlhfkit ppo"""
 
 
 @dataclass
-@command_class
-class KDConfig(KDOptions, TeacherModelOptions, PretrainModeOptions, OfflineConfig):
-    command: ClassVar[str] = "kd"
-    GROUPS: ClassVar[tuple[type, ...]] = (TeacherModelOptions, KDOptions, PretrainModeOptions, *_OFFLINE)
-
-
-@dataclass
-@command_class
-class PRMConfig(PRMOptions, LabelKeyOptions, OfflineConfig):
-    command: ClassVar[str] = "prm"
-    GROUPS: ClassVar[tuple[type, ...]] = (PRMOptions, LabelKeyOptions, *_OFFLINE)
-
-
-@dataclass
-@command_class
-class PPOConfig(PlacementOptions, RayOptions, RolloutOptions, VLLMEngineOptions, SamplingOptions, RLAlgorithmOptions,
-                RewardOptions, RewardSourceOptions, RewardCombineOptions, ValueHeadOptions, RefPretrainOptions,
-                TeacherModelOptions, RemoteRewardOptions, PromptDataOptions, InputOptions, MaxLenOptions,
-                LabelKeyOptions, VisionOptions, RoleOptimOptions, TrainingConfig):
-    command: ClassVar[str] = "ppo"
-    GROUPS: ClassVar[tuple[type, ...]] = (
-        PlacementOptions, RayOptions, RolloutOptions, VLLMEngineOptions, SamplingOptions, RLAlgorithmOptions,
-        RewardOptions, RewardSourceOptions, RewardCombineOptions, ValueHeadOptions, RefPretrainOptions,
-        TeacherModelOptions, RemoteRewardOptions, PromptDataOptions, InputOptions, MaxLenOptions, LabelKeyOptions,
-        EvalDataOptions, VisionOptions, *_TRAIN_HEAD, TrainOptions, RoleOptimOptions, CheckpointOptions, LoggingOptions)
-
-
-@dataclass
-@command_class
+@command_class("batch-inference")
 class BatchInferenceConfig(PretrainOptions, SeedOptions, ModelLoadOptions, DataOptions, InputOptions,
                            LabelKeyOptions, MaxLenOptions, InferenceOptions, SamplingOptions, RewardSourceOptions,
                            VLLMEngineOptions, RayOptions, RemoteRewardOptions, CommandConfig):
-    command: ClassVar[str] = "batch-inference"
-    GROUPS: ClassVar[tuple[type, ...]] = (
-        PretrainOptions, SeedOptions, ModelLoadOptions, DataOptions, InputOptions, LabelKeyOptions, MaxLenOptions,
-        InferenceOptions, SamplingOptions, RewardSourceOptions, VLLMEngineOptions, RayOptions, RemoteRewardOptions)
+    """rlhfkit batch-inference"""
 
 
 @dataclass
-@command_class
+@command_class("serve-rm")
 class ServeRMConfig(ServeRMOptions, RewardSourceOptions, RewardCombineOptions, ModelLoadOptions, AttentionOptions,
                     MaxLenOptions, ValueHeadOptions, CommandConfig):
-    command: ClassVar[str] = "serve-rm"
-    GROUPS: ClassVar[tuple[type, ...]] = (ServeRMOptions, RewardSourceOptions, RewardCombineOptions, ModelLoadOptions,
-                                          AttentionOptions, MaxLenOptions, ValueHeadOptions)
+    """rlhfkit serve-rm"""
 
+
+# What the offline training commands share (their loop reads these), and every training command: unions of the
+# command classes, so a consumer typed with one accepts each member and mypy checks each read against all of them.
+OfflineConfig: TypeAlias = SFTConfig | RMConfig | DPOConfig | KTOConfig | KDConfig | PRMConfig
+TrainingConfig: TypeAlias = OfflineConfig | PPOConfig
 
 CONFIG_CLASSES: dict[str, type[CommandConfig]] = {
     cls.command: cls for cls in (SFTConfig, RMConfig, DPOConfig, KTOConfig, KDConfig, PRMConfig, PPOConfig,

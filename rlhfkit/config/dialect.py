@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlhfkit.config.optim_options import TRAINED_ROLES
 from rlhfkit.errors import ConfigError
 
 
@@ -155,11 +156,11 @@ PPO: dict[str, Target] = {
     "actor.entropy_coef": "entropy_loss_coef", "critic.value_clip": "value_clip",
     "critic.freezing_steps": "freezing_actor_steps", "critic.save_value_network": "save_value_network",
     # per-role optimiser settings
-    **{f"{role}.optim": f"{role}_optim" for role in ("actor", "critic")},
-    **{f"{role}.muon.{what}": f"{role}_muon_{what}" for role in ("actor", "critic")
+    **{f"{role}.optim": f"{role}_optim" for role in TRAINED_ROLES},
+    **{f"{role}.muon.{what}": f"{role}_muon_{what}" for role in TRAINED_ROLES
        for what in ("lr", "momentum", "ns_steps", "nesterov")},
-    **{f"{role}.muon.no_nesterov": f"no-{role}_muon_nesterov" for role in ("actor", "critic")},
-    **{f"{role}.{what}": f"{role}_{flat}" for role in ("actor", "critic")
+    **{f"{role}.muon.no_nesterov": f"no-{role}_muon_nesterov" for role in TRAINED_ROLES},
+    **{f"{role}.{what}": f"{role}_{flat}" for role in TRAINED_ROLES
        for what, flat in (("adam.lr", "learning_rate"), ("adam.betas", "adam_betas"), ("adam.eps", "adam_eps"),
                           ("adam.weight_decay", "l2"), ("lr_scheduler", "lr_scheduler"),
                           ("lr_warmup_ratio", "lr_warmup_ratio"), ("min_lr_ratio", "min_lr_ratio"),

@@ -15,24 +15,12 @@ import types
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal, cast, overload
+from typing import Any, TypeVar, cast, overload
 
 import yaml
 
 import rlhfkit.config.dialect as dialect
-from rlhfkit.config.commands import (
-    CONFIG_CLASSES,
-    BatchInferenceConfig,
-    CommandConfig,
-    DPOConfig,
-    KDConfig,
-    KTOConfig,
-    PPOConfig,
-    PRMConfig,
-    RMConfig,
-    ServeRMConfig,
-    SFTConfig,
-)
+from rlhfkit.config.commands import CONFIG_CLASSES, CommandConfig
 from rlhfkit.errors import ConfigError
 
 # DeepSpeed internals that have no meaning under FSDP2: rejected with a reason instead of silently ignored.
@@ -229,59 +217,40 @@ def _reject_if_deepspeed(name: str, source: str, command: str = "") -> None:
         raise ConfigError(f"{source}: --{name} is not supported by 'rlhfkit {command}': {reason}")
 
 
+_Config = TypeVar("_Config", bound=CommandConfig)
+
+
 @overload
-def parse_config(command: Literal["sft"], groups: _Groups = None, argv: _Argv = None,
-                 description: str = "") -> SFTConfig: ...
-@overload
-def parse_config(command: Literal["rm"], groups: _Groups = None, argv: _Argv = None,
-                 description: str = "") -> RMConfig: ...
-@overload
-def parse_config(command: Literal["dpo"], groups: _Groups = None, argv: _Argv = None,
-                 description: str = "") -> DPOConfig: ...
-@overload
-def parse_config(command: Literal["kto"], groups: _Groups = None, argv: _Argv = None,
-                 description: str = "") -> KTOConfig: ...
-@overload
-def parse_config(command: Literal["kd"], groups: _Groups = None, argv: _Argv = None,
-                 description: str = "") -> KDConfig: ...
-@overload
-def parse_config(command: Literal["prm"], groups: _Groups = None, argv: _Argv = None,
-                 description: str = "") -> PRMConfig: ...
-@overload
-def parse_config(command: Literal["ppo"], groups: _Groups = None, argv: _Argv = None,
-                 description: str = "") -> PPOConfig: ...
-@overload
-def parse_config(command: Literal["batch-inference"], groups: _Groups = None, argv: _Argv = None,
-                 description: str = "") -> BatchInferenceConfig: ...
-@overload
-def parse_config(command: Literal["serve-rm"], groups: _Groups = None, argv: _Argv = None,
-                 description: str = "") -> ServeRMConfig: ...
+def parse_config(command: type[_Config], groups: _Groups = None, argv: _Argv = None,
+                 description: str = "") -> _Config: ...
 @overload
 def parse_config(command: str, groups: _Groups = None, argv: _Argv = None,
                  description: str = "") -> CommandConfig: ...
 
 
-def parse_config(command: str, groups: _Groups = None, argv: _Argv = None,
-                 description: str = "") -> CommandConfig:
-    """Parse argv (and --config YAML) into the command's typed config (rlhfkit.config.commands; `groups`: None or
-    that class's GROUPS); raise ConfigError on unknown/rejected flags. The overloads give each command's class."""
-    cls = make_config_class(command, groups)
-    parser = build_parser(command, list(cls.GROUPS), description)
-    args = dialect.rewrite_argv(command, list(sys.argv[1:] if argv is None else argv), parser,
-                                lambda name: rejection_reason(name, command))
+def parse_config(command: type[_Config] | str, groups: _Groups = None, argv: _Argv = None,
+                 description: str = "") -> _Config | CommandConfig:
+    """Parse argv (and --config YAML) into the command's typed config: `command` is its class (rlhfkit.config.commands;
+    the result is typed as that class) or its name (CONFIG_CLASSES; typed CommandConfig); `groups`: None or that
+    class's GROUPS. ConfigError on unknown/rejected flags."""
+    cls = make_config_class(command if isinstance(command, str) else command.command, groups)
+    name = cls.command
+    parser = build_parser(name, list(cls.GROUPS), description)
+    args = dialect.rewrite_argv(name, list(sys.argv[1:] if argv is None else argv), parser,
+                                lambda flag: rejection_reason(flag, name))
     for token in args:
         if token.startswith("--"):
-            _reject_if_deepspeed(token[2:].split("=")[0], source="command line", command=command)
+            _reject_if_deepspeed(token[2:].split("=")[0], source="command line", command=name)
     pre, _ = parser.parse_known_args(args)
     if pre.config:
-        values = _load_yaml(pre.config, parser, command)
-        for name in values:
-            _reject_if_deepspeed(name, source=f"--config {pre.config}", command=command)
+        values = _load_yaml(pre.config, parser, name)
+        for flag in values:
+            _reject_if_deepspeed(flag, source=f"--config {pre.config}", command=name)
         parser.set_defaults(**values)
     ns, unknown = parser.parse_known_args(args)
     if unknown:
-        raise ConfigError(f"unknown flag(s) for 'rlhfkit {command}': {' '.join(unknown)}. "
-                          f"Run 'rlhfkit {command} --help' for the list.")
+        raise ConfigError(f"unknown flag(s) for 'rlhfkit {name}': {' '.join(unknown)}. "
+                          f"Run 'rlhfkit {name} --help' for the list.")
     values = vars(ns)
     values.pop("config")
     cfg = cast(Callable[..., CommandConfig], cls)(**values)  # a dataclass of exactly these fields

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rlhfkit.config.commands import PPOConfig
-from rlhfkit.config.rl_options import PlacementOptions, RLAlgorithmOptions
+from rlhfkit.config.rl_options import PlacementOptions
 from rlhfkit.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def kl_mode_of(init_kl_coef: float, use_kl_loss: bool) -> KLMode:
     return "loss" if use_kl_loss else "penalty"
 
 
-def run_kl_mode(cfg: RLAlgorithmOptions) -> KLMode:
+def run_kl_mode(cfg: PPOConfig) -> KLMode:
     """The run's KL to a reference: `kl_mode_of` the flags, "off" with on_policy_distill (the reference role holds
     the teacher, whose log-ratio is the advantage itself)."""
     if cfg.advantage_estimator == DISTILL_ESTIMATOR:

@@ -104,7 +104,7 @@ class RolloutOptions:
 
 
 @dataclass
-class RLAlgorithmOptions:
+class AdvantageOptions:
     """Algorithm"""
 
     advantage_estimator: str = opt("gae", "advantage estimator; on_policy_distill: on-policy distillation, the "
@@ -122,8 +122,19 @@ class RLAlgorithmOptions:
                                         "--n_samples_per_prompt >= 2); 0: pure distillation, the reward is only "
                                         "logged")
     num_episodes: int = opt(1, "passes over the prompt set")
-    actor_learning_rate: float = opt(1e-6, "policy learning rate")
-    critic_learning_rate: float = opt(9e-6, "critic learning rate")
+    gamma: float = opt(1.0, "discount (gae and reinforce only: the group estimators need 1)")
+    lambd: float = opt(1.0, "GAE lambda")
+    reward_clip_range: list[float] = opt([-10.0, 10.0], "clip sequence rewards to (low high)")
+    no_advantage_std_norm: bool = opt(False, "do not divide advantages by their std")
+    dynamic_filtering: bool = opt(False, "drop groups whose mean score is outside the range (all equal), refill")
+    dynamic_filtering_reward_range: list[float] = opt([0.0, 1.0], "keep groups with low < mean score < high")
+    freezing_actor_steps: int = opt(-1, "train only the critic for the first N steps")
+
+
+@dataclass
+class PolicyLossOptions:
+    """Policy and value loss"""
+
     policy_loss_type: str = opt("ppo", "ppo: one importance ratio per token; gspo (GSPO): one per sequence, "
                                        "exp(mean over its tokens of log pi - log pi_old), clipped as a whole and "
                                        "the loss averaged per sequence (the paper clips at 3e-4 / 4e-4: set "
@@ -136,8 +147,18 @@ class RLAlgorithmOptions:
     eps_clip_low_high: list[float] | None = opt(None, "asymmetric clip (low high), overrides --eps_clip")
     dual_clip: float | None = opt(None, "dual-clip constant c > 1")
     value_clip: float | None = opt(0.5, "value clipping range")
-    gamma: float = opt(1.0, "discount (gae and reinforce only: the group estimators need 1)")
-    lambd: float = opt(1.0, "GAE lambda")
+    entropy_loss_coef: float | None = opt(None, "entropy bonus coefficient")
+    ptx_coef: float = opt(0.05, "weight of the auxiliary LM loss on --pretrain_data added to every policy step")
+    recompute_old_log_probs: bool = opt(False, "always compute the PPO ratio's old log-probs in a separate forward "
+                                               "pass; by default, when a rollout makes exactly one optimizer step "
+                                               "(one mini-batch, --max_epochs 1, no reward-side KL), they are the "
+                                               "training pass's own (detached), which saves that pass")
+
+
+@dataclass
+class KLOptions:
+    """KL to the reference model"""
+
     init_kl_coef: float = opt(0.01, "KL coefficient (reward penalty, or loss weight with --use_kl_loss)")
     kl_target: float | None = opt(None, "adaptive KL (Ziegler et al.): after each step the coefficient becomes "
                                         "beta (1 + clip(KL / kl_target - 1, +-0.2) x rows / --kl_horizon), from "
@@ -148,11 +169,12 @@ class RLAlgorithmOptions:
     use_unbiased_kl: bool = opt(False, "with --use_kl_loss: weight each token's KL estimate by the differentiable "
                                        "ratio pi / pi_old (DeepSeek-V3.2), which makes the k3 loss's gradient "
                                        "unbiased for grad KL(pi || pi_ref)")
-    entropy_loss_coef: float | None = opt(None, "entropy bonus coefficient")
-    reward_clip_range: list[float] = opt([-10.0, 10.0], "clip sequence rewards to (low high)")
-    no_advantage_std_norm: bool = opt(False, "do not divide advantages by their std")
-    dynamic_filtering: bool = opt(False, "drop groups whose mean score is outside the range (all equal), refill")
-    dynamic_filtering_reward_range: list[float] = opt([0.0, 1.0], "keep groups with low < mean score < high")
+
+
+@dataclass
+class ISCorrectionOptions:
+    """Rollout/trainer mismatch correction (importance sampling)"""
+
     enable_vllm_is_correction: bool = opt(False, "importance-sampling correction of rollout/trainer mismatch")
     vllm_is_truncated_threshold: list[float] = opt([0.5, 5.0], "IS weight range (low high)")
     vllm_is_correction_type: str = opt("tis", "tis: clamp each token's weight; icepop: zero the tokens outside "
@@ -184,11 +206,23 @@ class RLAlgorithmOptions:
                                              "--algo.advantage.is_correction_gating)",
                                     choices=["ratio", "binary_kl", "tv"],
                                     aliases=["--algo.advantage.is_correction_gating"])
+
+
+@dataclass
+class DynamicBatchOptions:
+    """Dynamic batching (token budgets)"""
+
     use_dynamic_batch: bool = opt(False, "training micro-batches by token budget instead of row count")
     train_max_tokens_per_gpu: int = opt(16192, "token budget per micro-batch with --use_dynamic_batch")
     rollout_max_tokens_per_gpu: int | None = opt(None, "token budget per forward micro-batch of the log-prob, value "
                                                        "and reward passes with --use_dynamic_batch (unset: "
                                                        "--train_max_tokens_per_gpu)")
+
+
+@dataclass
+class AsyncOptions:
+    """Asynchronous training"""
+
     async_train: bool = opt(False, "generate step t+1's rollout while step t trains (one step off-policy; pair "
                                    "with --enable_vllm_is_correction); not with --colocate_all_models")
     async_queue_size: int = opt(1, "rollouts generated ahead with --async_train: the rollout of step t+N is "
@@ -200,12 +234,23 @@ class RLAlgorithmOptions:
                                        "weights, each token records its policy version (docs/rl.md)")
     partial_rollout_chunk_tokens: int = opt(64, "new tokens per generation chunk with --partial_rollout (a weight "
                                                 "sync waits for at most one chunk)")
-    freezing_actor_steps: int = opt(-1, "train only the critic for the first N steps")
-    ptx_coef: float = opt(0.05, "weight of the auxiliary LM loss on --pretrain_data added to every policy step")
-    recompute_old_log_probs: bool = opt(False, "always compute the PPO ratio's old log-probs in a separate forward "
-                                               "pass; by default, when a rollout makes exactly one optimizer step "
-                                               "(one mini-batch, --max_epochs 1, no reward-side KL), they are the "
-                                               "training pass's own (detached), which saves that pass")
+
+
+@dataclass
+class EMAOptions:
+    """Weight averaging (EMA)"""
+
+    enable_ema: bool = opt(False, "keep an exponential moving average of the actor's weights, ema = beta * ema + "
+                                  "(1 - beta) * theta after every optimizer step (float32, starting from the "
+                                  "initial weights, part of the resume checkpoint); the saved models (--save_path, "
+                                  "--save_hf_ckpt, --best_metric_key) are the EMA, generation uses the live actor")
+    ema_beta: float | None = opt(None, "decay beta of --enable_ema, in (0, 1) (default 0.992)")
+
+
+@dataclass
+class RunModeOptions:
+    """Debugging, replay and evaluation-only runs"""
+
     debug_dump_steps: list[str] | None = opt(None, "write these global steps' tensors (or 'all') to "
                                                    "<run_dir>/debug/step_<N>.pt: the experience (sequences, masks, "
                                                    "rewards, values, old/ref/rollout log-probs, KL, advantages, "
@@ -223,11 +268,6 @@ class RLAlgorithmOptions:
     eval_only: bool = opt(False, "load the model (and the checkpoint with --load_checkpoint), evaluate "
                                  "--eval_dataset as the run's evaluation does (eval/* metrics, samples, report), "
                                  "and exit without training or saving")
-    enable_ema: bool = opt(False, "keep an exponential moving average of the actor's weights, ema = beta * ema + "
-                                  "(1 - beta) * theta after every optimizer step (float32, starting from the "
-                                  "initial weights, part of the resume checkpoint); the saved models (--save_path, "
-                                  "--save_hf_ckpt, --best_metric_key) are the EMA, generation uses the live actor")
-    ema_beta: float | None = opt(None, "decay beta of --enable_ema, in (0, 1) (default 0.992)")
 
 
 @dataclass

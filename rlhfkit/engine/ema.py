@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlhfkit.config.rl_options import RLAlgorithmOptions
+from rlhfkit.config.rl_options import EMAOptions
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -59,7 +59,7 @@ class EMA:
 DEFAULT_EMA_BETA = 0.992  # OpenRLHF's default decay
 
 
-def resolved_ema_beta(cfg: RLAlgorithmOptions) -> float | None:
+def resolved_ema_beta(cfg: EMAOptions) -> float | None:
     """The EMA decay a run uses: --ema_beta, or DEFAULT_EMA_BETA, with --enable_ema; None without it."""
     if not cfg.enable_ema:
         return None
@@ -67,7 +67,7 @@ def resolved_ema_beta(cfg: RLAlgorithmOptions) -> float | None:
     return DEFAULT_EMA_BETA if beta is None else float(beta)
 
 
-def validate_ema(cfg: RLAlgorithmOptions) -> None:
+def validate_ema(cfg: EMAOptions) -> None:
     """--ema_beta must lie in (0, 1) and goes with --enable_ema (alone it would do nothing)."""
     from rlhfkit.errors import ConfigError
 

@@ -26,11 +26,10 @@ import platform
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 
-from rlhfkit.config.commands import BatchInferenceConfig, TrainingConfig
 from rlhfkit.config.rl_options import RolloutOptions
 
 log = logging.getLogger("rlhfkit")
@@ -219,7 +218,15 @@ def auto_torch_dtype(device: torch.device | str) -> torch.dtype:
     return TORCH_DTYPES[resolve_precision("auto", torch.device(device).type).dtype]
 
 
-def apply_precision(cfg: TrainingConfig | BatchInferenceConfig, device_type: str, touch_device: bool = True
+class DtypeFlags(Protocol):
+    """What apply_precision reads of a command's config: --param_dtype (and, with ppo's RolloutOptions,
+    --vllm_dtype); structural, so `engine/` imports no command class (tests/test_layering.py)."""
+
+    param_dtype: str
+    precision: Any
+
+
+def apply_precision(cfg: DtypeFlags, device_type: str, touch_device: bool = True
                     ) -> Precision:
     """Resolve `cfg.param_dtype` (and `cfg.vllm_dtype` where the command has it: auto = the trainer's) to concrete
     values in place, warn once when an explicit half precision runs without native support, and keep the

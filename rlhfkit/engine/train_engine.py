@@ -6,13 +6,12 @@ Used by every trainer (offline loop, PPO actor and critic). It does not know abo
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
 
-from rlhfkit.config.commands import TrainingConfig
-from rlhfkit.config.optim_options import optim_settings
+from rlhfkit.config.optim_options import SharedOptimFlags, optim_settings
 from rlhfkit.engine.distributed import DistInfo
 from rlhfkit.engine.ema import EMA
 from rlhfkit.engine.fsdp import compute_dtype, shard_model
@@ -22,11 +21,26 @@ from rlhfkit.models.context_parallel import ring_group, use_ring_attention
 from rlhfkit.models.loading import is_4bit
 
 
+class TrainEngineFlags(SharedOptimFlags, Protocol):
+    """What TrainEngine reads of a training command's config (every training command has these flags; ppo's
+    workers also the role's optimiser group, read by `optim_settings`). Structural, so `engine/` imports no
+    command class (tests/test_layering.py)."""
+
+    gradient_checkpointing: bool
+    gradient_checkpointing_use_reentrant: bool
+    zero_stage: int
+    param_dtype: str
+    adam_offload: bool
+    master_weights_rounding: str
+    seed: int
+    aux_loss_coef: float
+
+
 class TrainEngine:
     """Owns model, optimizer and scheduler (and with `ema_beta` the weights' moving average, `rlhfkit.engine.ema`);
     exposes backward / step / lr."""
 
-    def __init__(self, model: nn.Module, cfg: TrainingConfig, dist_info: DistInfo, total_steps: int,
+    def __init__(self, model: nn.Module, cfg: TrainEngineFlags, dist_info: DistInfo, total_steps: int,
                  learning_rate: float | None = None, role: str | None = None, ema_beta: float | None = None) -> None:
         """`role`: 'actor' or 'critic' in ppo, whose --<role>_* optimiser flags override the shared ones;
         `learning_rate`: AdamW's peak lr (default --learning_rate); `ema_beta`: keep the weights' moving average."""

@@ -30,9 +30,9 @@ from rlhfkit.data.prompts import build_prompt_samples
 from rlhfkit.data.readers import blend_datasets
 from rlhfkit.errors import ConfigError
 from rlhfkit.inference.postprocess import get_post_processor
+from rlhfkit.launch.engine_spec import sampling_config, vllm_engine_spec
 from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_ids
 from rlhfkit.rollout.dispatch import generate_on_engines
-from rlhfkit.rollout.types import SamplingConfig
 from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES
 
 log = logging.getLogger("rlhfkit")
@@ -125,7 +125,7 @@ def generate(cfg: BatchInferenceConfig, engines: list[Any] | None, stats: dict[s
     if cfg.tokenizer_chat_template:
         tokenizer.chat_template = cfg.tokenizer_chat_template
     prompts, first = prompt_slice(cfg, tokenizer)
-    sampling = SamplingConfig.from_options(cfg, cfg.seed, stop_token_ids=stop_token_ids(tokenizer)).shifted(first)
+    sampling = sampling_config(cfg, cfg.seed, stop_token_ids=stop_token_ids(tokenizer)).shifted(first)
     owned = engines is None
     if engines is None:
         engines, owns_ray = start_engines(cfg, path)
@@ -164,9 +164,9 @@ def start_engines(cfg: BatchInferenceConfig, path: str) -> tuple[list[Any], bool
 
         return create_hf_engines(cfg.vllm_num_engines, path, dtype=ENGINE_DTYPES[cfg.param_dtype],
                                  log_dir=log_dir), owns_ray
-    from rlhfkit.rollout.vllm_engine import create_vllm_engines, engine_options
+    from rlhfkit.rollout.vllm_engine import create_vllm_engines
 
-    options = engine_options(cfg, dtype=cfg.param_dtype, seed=cfg.seed)  # the builder `ppo` uses too
+    options = vllm_engine_spec(cfg, dtype=cfg.param_dtype, seed=cfg.seed).kwargs()  # the builder `ppo` uses too
     engines = create_vllm_engines(cfg.vllm_num_engines, path, log_dir=log_dir, **options)
     return engines, owns_ray
 

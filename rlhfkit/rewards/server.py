@@ -349,7 +349,7 @@ def parse_request(body: bytes) -> tuple[list[str], list[str], list[Any]]:
 def build_server(argv: list[str] | None = None) -> RewardServer:
     """Parse the flags of ``rlhfkit serve-rm`` (the shared `parse_config` path: OpenRLHF's dotted names, --config,
     refusals), load the reward source and bind the server (not yet serving)."""
-    opts = parse_config("serve-rm", None, argv, DESCRIPTION)  # a ServeRMConfig
+    opts = parse_config(ServeRMConfig, None, argv, DESCRIPTION)
     return server_from_options(opts)
 
 

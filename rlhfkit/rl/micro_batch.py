@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rlhfkit.config.rl_options import RLAlgorithmOptions
+from rlhfkit.config.rl_options import DynamicBatchOptions
 
 
 def micro_batches(batch: dict[str, torch.Tensor], size: int, max_tokens: int | None = None) -> list[dict]:
@@ -25,7 +25,7 @@ def micro_batches(batch: dict[str, torch.Tensor], size: int, max_tokens: int | N
     return [{k: v[a:b] for k, v in batch.items()} for a, b in bounds]
 
 
-def rollout_budget(cfg: RLAlgorithmOptions) -> int | None:
+def rollout_budget(cfg: DynamicBatchOptions) -> int | None:
     """Token budget of a forward micro-batch (log-probs, values, rewards) with --use_dynamic_batch:
     --rollout_max_tokens_per_gpu, else --train_max_tokens_per_gpu (OpenRLHF's fallback); None without it."""
     if not cfg.use_dynamic_batch:

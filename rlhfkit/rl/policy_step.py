@@ -13,8 +13,8 @@ from rlhfkit.algorithms.kl import compute_kl, kl_loss
 from rlhfkit.algorithms.normalize import masked_mean
 from rlhfkit.algorithms.offpolicy import importance_weights
 from rlhfkit.algorithms.policy_loss import ppo_policy_loss
+from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.plan import run_kl_mode
-from rlhfkit.config.rl_options import RLAlgorithmOptions
 from rlhfkit.observability.metrics import merge_metrics
 
 
@@ -29,7 +29,7 @@ class PolicyLoss:
     token_out: dict[str, torch.Tensor] | None  # per-token ratio, loss (and kl) when a dump asks for them
 
 
-def policy_loss(cfg: RLAlgorithmOptions, mb: dict[str, torch.Tensor], log_probs: torch.Tensor,
+def policy_loss(cfg: PPOConfig, mb: dict[str, torch.Tensor], log_probs: torch.Tensor,
                 entropy: torch.Tensor, old: torch.Tensor, sums: dict[str, Any], *, num_tokens: float,
                 num_seqs: float | None, kl_coef: float, aux: torch.Tensor | None = None, aux_coef: float = 0.0,
                 aux_share: int = 1, with_tokens: bool = False) -> PolicyLoss:

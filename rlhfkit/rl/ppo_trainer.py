@@ -25,6 +25,7 @@ from rlhfkit.config.parse import config_to_dict
 from rlhfkit.config.validate import need
 from rlhfkit.engine.best import BestTracker, check_key, tracker_for
 from rlhfkit.errors import ConfigError
+from rlhfkit.launch.engine_spec import sampling_config
 from rlhfkit.observability.console import print_derived_table, progress_bar
 from rlhfkit.observability.metrics import MetricsLogger, is_extremum, merge_metrics
 from rlhfkit.observability.mfu import mfu
@@ -341,7 +342,7 @@ def _loop(s: RLSetup) -> dict[str, float]:
     if s.eval_prompts and replay is not None:
         log.warning("--rollout_replay_dir: no rollout engines, so --eval_dataset is not evaluated")
     stream = PromptStream(s.prompts, cfg.seed, s.start_cursor)
-    sampling = SamplingConfig.from_options(cfg, cfg.seed, stop_token_ids=s.stop_ids)
+    sampling = sampling_config(cfg, cfg.seed, stop_token_ids=s.stop_ids)
     print_derived_table("rlhfkit ppo", {**s.summary, "run dir": run_dir})
     metrics_log = MetricsLogger(run_dir, cfg)
     bar = progress_bar(s.total_steps, s.start_step, True, "ppo")

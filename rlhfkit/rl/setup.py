@@ -15,6 +15,7 @@ import torch
 from rlhfkit.agents.environment import AgentSpec, load_agent
 from rlhfkit.algorithms.rewards import AdaptiveKLController, FixedKLController
 from rlhfkit.config.commands import PPOConfig, PrecisionRecord
+from rlhfkit.config.optim_options import role_learning_rate
 from rlhfkit.config.plan import DISTILL_ESTIMATOR, RLPlan, reference_model, resolve_plan
 from rlhfkit.config.rl_options import prompt_bound
 from rlhfkit.config.validate import need
@@ -171,7 +172,8 @@ def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: PPOConfig, total_updates: 
         return made[-1]
 
     actor = group("actor", "actor")
-    pending: list[InitCall] = [(actor, ("init_model", cfg.pretrain, True, total_updates, cfg.actor_learning_rate))]
+    actor_lr = role_learning_rate(cfg, "actor")
+    pending: list[InitCall] = [(actor, ("init_model", cfg.pretrain, True, total_updates, actor_lr))]
     ref = None
     if need_ref:
         ref = group("ref", "ref")
@@ -181,7 +183,7 @@ def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: PPOConfig, total_updates: 
         critic = group("critic", "critic")
         critic_specs = reward_specs if critic_specs is None else critic_specs
         init = cfg.critic_pretrain or (critic_specs[0] if critic_specs else cfg.pretrain)
-        pending.append((critic, ("init_model", init, True, total_updates, cfg.critic_learning_rate, True)))
+        pending.append((critic, ("init_model", init, True, total_updates, role_learning_rate(cfg, "critic"), True)))
     rewards = []
     for k, spec in enumerate(reward_specs):
         rewards.append(group("reward", f"reward{k}"))
@@ -224,7 +226,8 @@ def cfg_name(spec: str) -> str:
 def _engines(cfg: PPOConfig, path: str, placement: Placement, indices: list[int] | None = None) -> list[Any]:
     """The run's rollout engines from the flags; `indices`: only those engines, with their own options (a restart
     after a fault, `rlhfkit.rl.engine_faults`)."""
-    from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES, create_vllm_engines, engine_options
+    from rlhfkit.launch.engine_spec import vllm_engine_spec
+    from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES, create_vllm_engines
 
     log_dir = None if cfg.verbose or not cfg.run_dir else os.path.join(cfg.run_dir, "logs")  # engine<k>.log
     if cfg.rollout_backend == "hf":
@@ -233,7 +236,7 @@ def _engines(cfg: PPOConfig, path: str, placement: Placement, indices: list[int]
         return create_hf_engines(cfg.vllm_num_engines, path, dtype=ENGINE_DTYPES[cfg.vllm_dtype], log_dir=log_dir,
                                  indices=indices)
 
-    options = engine_options(cfg, dtype=cfg.vllm_dtype, seed=cfg.seed)  # vllm_dtype: resolved by apply_precision
+    options = vllm_engine_spec(cfg, dtype=cfg.vllm_dtype, seed=cfg.seed).kwargs()  # vllm_dtype: by apply_precision
     if "engines" in placement.groups:  # --colocate_all_models: engine k on the actor's bundle k (x TP)
         share = placement.share("engines")
         options.update(placement_group=placement.groups["engines"], num_gpus_per_engine=share,
@@ -246,9 +249,10 @@ def _engines(cfg: PPOConfig, path: str, placement: Placement, indices: list[int]
 def lora_engine_rank(cfg: PPOConfig) -> int:
     """The LoRA rank the run's vLLM engines serve: vLLM's rank for --lora_rank when an adapter-only sync may be used
     (--lora_sync auto or adapter, nothing in the flags against it), else 0 (plain engines)."""
+    from rlhfkit.launch.engine_spec import lora_sync_spec
     from rlhfkit.rollout.lora_sync import adapter_sync_blocker, engine_max_lora_rank
 
-    if cfg.lora_sync == "merged" or adapter_sync_blocker(cfg) is not None:
+    if cfg.lora_sync == "merged" or adapter_sync_blocker(lora_sync_spec(cfg)) is not None:
         return 0
     return engine_max_lora_rank(cfg.lora_rank)
 
@@ -256,10 +260,11 @@ def lora_engine_rank(cfg: PPOConfig) -> int:
 def resolve_run_lora_sync(cfg: PPOConfig, engines: list[Any]) -> None:
     """Set cfg.lora_sync to adapter or merged (--lora_sync auto resolved against the engines), logging the reason
     once when the run trains LoRA."""
+    from rlhfkit.launch.engine_spec import lora_sync_spec
     from rlhfkit.rollout.lora_sync import resolve_lora_sync
 
     infos = call_all(engines, "weight_sync_info", role="engine")
-    cfg.lora_sync, reason = resolve_lora_sync(cfg, infos)
+    cfg.lora_sync, reason = resolve_lora_sync(lora_sync_spec(cfg), infos)
     if cfg.lora_rank > 0:
         log.info("LoRA weight sync: %s (%s)", cfg.lora_sync, reason)
 

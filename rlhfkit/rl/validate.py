@@ -44,9 +44,10 @@ def validate_rl(cfg: PPOConfig) -> None:
         raise ConfigError("give a reward: --remote_rm_url (reward_func .py, builtin:NAME or http URL) "
                           "or --reward_pretrain")
     if cfg.lora_sync == "adapter":  # what the flags alone rule out fails before anything starts
+        from rlhfkit.launch.engine_spec import lora_sync_spec
         from rlhfkit.rollout.lora_sync import adapter_sync_blocker
 
-        if (blocker := adapter_sync_blocker(cfg)) is not None:
+        if (blocker := adapter_sync_blocker(lora_sync_spec(cfg))) is not None:
             raise ConfigError(f"--lora_sync adapter cannot work here: {blocker}. Use --lora_sync merged (or auto)")
     plan = resolve_plan(cfg)
     validate_vision(cfg, plan.needs_critic)

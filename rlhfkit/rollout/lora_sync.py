@@ -24,11 +24,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from rlhfkit.config.commands import PPOConfig
 from rlhfkit.errors import ConfigError
 from rlhfkit.rollout.remote import call_all
 
@@ -94,7 +94,18 @@ def write_adapter_folder(path: str, named: Iterable[tuple[str, torch.Tensor]], c
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def adapter_sync_blocker(cfg: PPOConfig) -> str | None:
+@dataclass(frozen=True)
+class LoraSyncSpec:
+    """What the adapter-or-merged choice reads of the run's flags (`rlhfkit.launch.engine_spec.lora_sync_spec`):
+    --lora_rank, --rollout_backend, --load_in_4bit and --lora_sync (auto, adapter, merged)."""
+
+    lora_rank: int
+    rollout_backend: str
+    load_in_4bit: bool
+    lora_sync: str
+
+
+def adapter_sync_blocker(cfg: LoraSyncSpec) -> str | None:
     """Why the run's flags rule out adapter sync (None: they do not): no LoRA, the HF backend, a 4-bit base."""
     if cfg.lora_rank <= 0:
         return "--lora_rank is 0 (no adapter: the full weights train)"
@@ -108,7 +119,7 @@ def adapter_sync_blocker(cfg: PPOConfig) -> str | None:
     return None
 
 
-def resolve_lora_sync(cfg: PPOConfig, engine_infos: list[dict[str, Any]]) -> tuple[str, str]:
+def resolve_lora_sync(cfg: LoraSyncSpec, engine_infos: list[dict[str, Any]]) -> tuple[str, str]:
     """(mode, reason): "adapter" or "merged" for `--lora_sync` (auto, adapter, merged) given the engines'
     `weight_sync_info()`. auto = adapter where every engine serves LoRA of this rank, else merged with the reason;
     an explicit adapter that cannot work is a ConfigError naming why."""

@@ -14,14 +14,12 @@ renormalised, after the temperature: the trainer reproduces it with `SamplingCon
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import torch
 
 if TYPE_CHECKING:
-    from rlhfkit.config.commands import BatchInferenceConfig, PPOConfig
     from rlhfkit.models.logprobs import SamplingTruncation
 
 FinishReason = Literal["stop", "length"]
@@ -106,25 +104,6 @@ class SamplingConfig:
         if self.seed is None or prompt_offset == 0:
             return self
         return dataclasses.replace(self, seed=self.seed + prompt_offset * self.n)
-
-    @classmethod
-    def from_options(cls, opts: PPOConfig | BatchInferenceConfig, seed: int | None,
-                     stop_token_ids: Sequence[int] = ()) -> SamplingConfig:
-        """Build from the sampling flags of either command: ppo's rollout group (`--temperature --top_p --top_k
-        --generate_max_len --n_samples_per_prompt`) or batch-inference's (`--temperature`, 0 with
-        `--greedy_sampling`, `--top_p --top_k --max_new_tokens --best_of_n`). `seed`: `--seed`, declared in another
-        group by each command (ppo: TrainOptions, batch-inference: InferenceModelOptions)."""
-        from rlhfkit.config.rl_options import RolloutOptions
-
-        max_len = None
-        if isinstance(opts, RolloutOptions):
-            temperature, max_new_tokens, n = opts.temperature, opts.generate_max_len, opts.n_samples_per_prompt
-            max_len = opts.max_len or None
-        else:
-            temperature = 0.0 if opts.greedy_sampling else opts.temperature
-            max_new_tokens, n = opts.max_new_tokens, opts.best_of_n
-        return cls(temperature=temperature, top_p=opts.top_p, max_new_tokens=max_new_tokens, n=n, seed=seed,
-                   stop_token_ids=tuple(stop_token_ids), max_len=max_len, top_k=opts.top_k)
 
 
 @dataclass

@@ -13,10 +13,12 @@ On CPU such an engine uses `rlhfkit.rollout.lora_cpu_ops` (one GEMM per LoRA op 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
 import ray
@@ -27,8 +29,6 @@ from rlhfkit.rollout.types import FinishReason, NamedTensors, RolloutSample, Sam
 if TYPE_CHECKING:
     from vllm import RequestOutput
     from vllm.lora.request import LoRARequest
-
-    from rlhfkit.config.commands import BatchInferenceConfig, PPOConfig
 
 WORKER_EXTENSION = "rlhfkit.rollout.worker_ext.WeightReloadExtension"
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
@@ -359,6 +359,27 @@ def _to_sample(prompt_index: int, sample_index: int, prompt: list[int], completi
     return RolloutSample(prompt_index, sample_index, list(prompt), token_ids, logprobs, reason)
 
 
+@dataclass(frozen=True)
+class VLLMEngineSpec:
+    """What a vLLM engine is built from, the same for every engine of a run (engine `k` is seeded `seed + k`): made
+    from the command's flags at its edge (`rlhfkit.launch.engine_spec.vllm_engine_spec`, the one builder of ppo and
+    batch-inference), passed as `create_vllm_engines(n, path, **spec.kwargs())`. `dtype`: vLLM's name
+    (ENGINE_DTYPES value)."""
+
+    tensor_parallel_size: int
+    gpu_memory_utilization: float
+    cpu_kv_cache_bytes: int
+    enforce_eager: bool
+    enable_prefix_caching: bool
+    max_model_len: int
+    dtype: VLLMDType
+    seed: int
+
+    def kwargs(self) -> dict[str, Any]:
+        """`create_vllm_engines` keyword arguments."""
+        return dataclasses.asdict(self)
+
+
 def create_vllm_engines(
     num_engines: int,
     pretrain_path: str,
@@ -430,31 +451,6 @@ def create_vllm_engines(
     call_all(engines, "ready", role="engine", ranks=list(range(num_engines)) if indices is None else list(indices),
              hang_timeout_s=0)  # no probes: an actor answers nothing, ping included, until its __init__ returns
     return engines
-
-
-def engine_options(opts: PPOConfig | BatchInferenceConfig, *, dtype: str, seed: int) -> dict[str, Any]:
-    """`create_vllm_engines` keyword arguments from the engine flags, the one builder of `ppo` (its rollout group:
-    `--vllm_tensor_parallel_size ... --generate_max_len`) and `batch-inference` (`--tp_size ... --max_new_tokens`):
-    `--vllm_gpu_memory_utilization --vllm_kv_cache_mb --enforce_eager --enable_prefix_caching --prompt_max_len`
-    are common (ppo's context is at most `--max_len`). `dtype`: the engine's dtype flag value (`ENGINE_DTYPES` key:
-    ppo's `--vllm_dtype`, batch-inference's `--param_dtype`, resolved); `seed`: `--seed` (engine k gets `seed + k`)."""
-    from rlhfkit.config.rl_options import RolloutOptions, context_len
-
-    if isinstance(opts, RolloutOptions):
-        tensor_parallel_size = opts.vllm_tensor_parallel_size
-        max_model_len = context_len(opts.prompt_max_len, opts.generate_max_len, opts.max_len)
-    else:
-        tensor_parallel_size, max_model_len = opts.tp_size, opts.prompt_max_len + opts.max_new_tokens
-    return {
-        "tensor_parallel_size": tensor_parallel_size,
-        "gpu_memory_utilization": opts.vllm_gpu_memory_utilization,
-        "cpu_kv_cache_bytes": opts.vllm_kv_cache_mb * 2**20,
-        "enforce_eager": opts.enforce_eager,
-        "enable_prefix_caching": opts.enable_prefix_caching,
-        "max_model_len": max_model_len,
-        "dtype": ENGINE_DTYPES[dtype],
-        "seed": seed,
-    }
 
 
 def _actor_options(

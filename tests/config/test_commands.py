@@ -16,11 +16,14 @@ import pytest
 from rlhfkit.config.commands import (
     COMMAND_DEFAULTS,
     CONFIG_CLASSES,
+    CommandConfig,
     OfflineConfig,
     PPOConfig,
     SFTConfig,
     TrainingConfig,
+    command_class,
 )
+from rlhfkit.config.optim_options import ROLE_SETTINGS, ActorOptimOptions, CriticOptimOptions
 from rlhfkit.config.options import TrainOptions
 from rlhfkit.config.parse import build_parser, config_to_dict, make_config_class, parse_config
 from tools.gen_docs import module_name
@@ -129,3 +132,31 @@ def test_a_command_config_is_each_of_its_groups_and_mismatched_groups_are_refuse
     assert TrainOptions().max_epochs == 1  # the group keeps its own default
     with pytest.raises(TypeError, match="differ from SFTConfig.GROUPS"):
         parse_config("sft", [TrainOptions], [])
+
+
+def test_a_command_class_lists_its_groups_once_as_its_bases_and_parse_config_takes_the_class():
+    for cls in CONFIG_CLASSES.values():
+        assert cls.__bases__ == (*cls.GROUPS, CommandConfig)  # GROUPS (--help order) is derived from the bases
+    cfg = parse_config(PPOConfig, None, ["--eps_clip", "0.3"])
+    assert type(cfg) is PPOConfig and cfg.eps_clip == 0.3 and cfg.command == "ppo"
+    assert config_to_dict(cfg) == config_to_dict(parse_config("ppo", None, ["--eps_clip", "0.3"]))
+    with pytest.raises(TypeError, match="bases of a command's class"):
+        @command_class("sft")
+        class NotACommand(TrainOptions):  # no CommandConfig base
+            pass
+
+
+def test_the_per_role_optimiser_group_is_one_declaration_instantiated_per_role():
+    for role, group in (("actor", ActorOptimOptions), ("critic", CriticOptimOptions)):
+        fields = {f.name: f for f in dataclasses.fields(group)}
+        assert list(fields) == [f"{role}_learning_rate", *(f"{role}_{flag}" for flag in ROLE_SETTINGS)]
+        for flag in ROLE_SETTINGS:
+            f = fields[f"{role}_{flag}"]
+            assert f.default is None and f.metadata["help"].endswith(f"(unset: --{flag})")
+            assert "command_help" not in f.metadata  # one help per flag
+    assert (PPOConfig().actor_learning_rate, PPOConfig().critic_learning_rate) == (1e-6, 9e-6)
+    flat = parse_config(PPOConfig, None, ["--critic_adam_betas", "0.8", "0.9", "--actor_learning_rate", "2e-6"])
+    dotted = parse_config(PPOConfig, None, ["--critic.adam.betas", "0.8", "0.9", "--actor.adam.lr", "2e-6"])
+    assert flat.critic_adam_betas == dotted.critic_adam_betas == [0.8, 0.9]
+    assert flat.actor_learning_rate == dotted.actor_learning_rate == 2e-6
+    assert flat.actor_adam_betas is None  # unset: inherits --adam_betas

@@ -117,12 +117,12 @@ def test_reward_group_placement_flags(tiny_model_dir, tiny_reward_model_dir, dat
 
 
 def test_engine_options_from_the_rollout_flags():
-    from rlhfkit.rollout.vllm_engine import engine_options
+    from rlhfkit.launch.engine_spec import vllm_engine_spec
 
     cfg = ppo_cfg(vllm_tensor_parallel_size=2, vllm_gpu_memory_utilization=0.4, vllm_kv_cache_mb=32,
                   enforce_eager=True, enable_prefix_caching=True, prompt_max_len=50, generate_max_len=14,
                   vllm_dtype="bf16", seed=4)
-    opts = engine_options(cfg, dtype=cfg.vllm_dtype, seed=cfg.seed)
+    opts = vllm_engine_spec(cfg, dtype=cfg.vllm_dtype, seed=cfg.seed).kwargs()
     assert opts == {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.4, "cpu_kv_cache_bytes": 32 << 20,
                     "enforce_eager": True, "enable_prefix_caching": True, "max_model_len": 64, "dtype": "bfloat16",
                     "seed": 4}

@@ -19,7 +19,7 @@ from rlhfkit.config.rl_options import context_len, prompt_bound
 from rlhfkit.config.validate import check_loader_workers
 from rlhfkit.errors import ConfigError
 from rlhfkit.launch import preflight
-from rlhfkit.rollout.types import SamplingConfig
+from rlhfkit.launch.engine_spec import sampling_config
 
 REPO = Path(__file__).resolve().parents[2]
 PLACEHOLDERS = {"MODEL": "tiny-model", "REWARD_MODEL": "tiny-rm", "DATA": "data.jsonl", "EVAL_DATA": "eval.jsonl",
@@ -30,10 +30,10 @@ def test_max_new_tokens_is_generate_max_len():
     flat = parse_config("ppo", None, ["--max_new_tokens", "7"])
     assert flat.generate_max_len == 7
     assert config_to_dict(flat) == config_to_dict(parse_config("ppo", None, ["--rollout.max_new_tokens", "7"]))
-    assert SamplingConfig.from_options(flat, seed=1).max_new_tokens == 7
-    from rlhfkit.rollout.vllm_engine import engine_options
+    assert sampling_config(flat, seed=1).max_new_tokens == 7
+    from rlhfkit.launch.engine_spec import vllm_engine_spec
 
-    assert engine_options(flat, dtype="fp32", seed=1)["max_model_len"] == flat.prompt_max_len + 7
+    assert vllm_engine_spec(flat, dtype="fp32", seed=1).max_model_len == flat.prompt_max_len + 7
 
 
 def test_freeze_visual_encoder_is_freeze_vision_tower(tmp_path):
@@ -69,18 +69,18 @@ def test_max_len_bounds_prompt_plus_response_per_prompt():
     cfg = parse_config("ppo", None, ["--data.max_len", "64"])
     assert (cfg.max_len, cfg.prompt_max_len, cfg.generate_max_len) == (64, 63, 63)
     assert config_to_dict(cfg) == config_to_dict(parse_config("ppo", None, ["--max_len", "64"]))
-    sampling = SamplingConfig.from_options(cfg, seed=1)
+    sampling = sampling_config(cfg, seed=1)
     assert [sampling.new_tokens(n) for n in (1, 10, 40, 63)] == [63, 54, 24, 1]
     assert (prompt_bound(cfg.prompt_max_len, cfg.max_len), context_len(63, 63, 64), context_len(8, 8, 0)) == \
         (63, 64, 16)
     # with rollout.max_new_tokens N OpenRLHF keeps N and cuts the prompt to max_len - N: rlhfkit drops a longer one
     cfg = parse_config("ppo", None, ["--data.max_len", "9216", "--rollout.max_new_tokens", "8192"])
     assert (cfg.max_len, cfg.prompt_max_len, cfg.generate_max_len) == (9216, 1024, 8192)
-    assert SamplingConfig.from_options(cfg, seed=1).new_tokens(1000) == 8192
+    assert sampling_config(cfg, seed=1).new_tokens(1000) == 8192
     # all three given: prompts <= --prompt_max_len, each response <= min(--generate_max_len, max_len - p)
     cfg = parse_config("ppo", None, ["--max_len", "64", "--prompt_max_len", "50", "--max_new_tokens", "30"])
     assert (cfg.max_len, cfg.prompt_max_len, cfg.generate_max_len) == (64, 50, 30)
-    assert [SamplingConfig.from_options(cfg, seed=1).new_tokens(n) for n in (20, 40)] == [30, 24]
+    assert [sampling_config(cfg, seed=1).new_tokens(n) for n in (20, 40)] == [30, 24]
     assert dialect.budget_flags("data.max_len", 300, {"prompt_max_len": 100}) == \
         {"max_len": 300, "generate_max_len": 299}
     with pytest.raises(ConfigError, match="--data.max_len 64 leaves no room beside --generate_max_len 64"):
@@ -88,12 +88,13 @@ def test_max_len_bounds_prompt_plus_response_per_prompt():
     with pytest.raises(ConfigError, match="at least 2 tokens"):
         parse_config("ppo", None, ["--data.max_len", "1"])
     # no --max_len: every prompt gets --generate_max_len, as before
-    assert SamplingConfig.from_options(parse_config("ppo", None, []), seed=1).new_tokens(1000) == 1024
+    assert sampling_config(parse_config("ppo", None, []), seed=1).new_tokens(1000) == 1024
     # the vLLM request of each prompt asks for its own share
-    from rlhfkit.rollout.vllm_engine import _sampling_params, engine_options
+    from rlhfkit.launch.engine_spec import vllm_engine_spec
+    from rlhfkit.rollout.vllm_engine import _sampling_params
 
     assert _sampling_params(sampling, 5, 40).max_tokens == 24
-    assert engine_options(parse_config("ppo", None, ["--max_len", "64"]), dtype="fp32", seed=1)["max_model_len"] == 64
+    assert vllm_engine_spec(parse_config("ppo", None, ["--max_len", "64"]), dtype="fp32", seed=1).max_model_len == 64
 
 
 @pytest.mark.parametrize("name", ["train_ppo_ray_hybrid_engine.sh", "train_dapo_ray_hybrid_engine.sh"])
@@ -112,7 +113,7 @@ def test_the_0_11_scripts_with_data_max_len_64_keep_their_40_token_prompts(name,
     prompts = load_prompts(cfg, tokenizer, str(data), cfg.prompt_split)
     lengths = [len(p["prompt_ids"]) for p in prompts]
     assert len(prompts) == 16 and 30 <= min(lengths) and max(lengths) <= 50  # all kept (half of 64 dropped them all)
-    sampling = SamplingConfig.from_options(cfg, seed=1)
+    sampling = sampling_config(cfg, seed=1)
     assert [sampling.new_tokens(n) for n in lengths] == [64 - n for n in lengths]  # up to ~24 new tokens each
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlhfkit.config.parse import parse_config
+from rlhfkit.launch.engine_spec import sampling_config
 from rlhfkit.rollout.buckets import iter_buckets
 from rlhfkit.rollout.dispatch import shard_bounds
 from rlhfkit.rollout.types import RolloutSample, SamplingConfig
@@ -17,11 +18,11 @@ def test_sampling_config_from_flags():  # ppo's rollout group
 
     opts = parse_config("ppo", None, ["--temperature", "0.7", "--top_p", "0.9", "--generate_max_len", "33",
                                       "--n_samples_per_prompt", "4", "--top_k", "20"])
-    cfg = SamplingConfig.from_options(opts, seed=5, stop_token_ids=[2])
+    cfg = sampling_config(opts, seed=5, stop_token_ids=[2])
     assert (cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.n, cfg.seed) == (0.7, 0.9, 20, 33, 4, 5)
     assert cfg.stop_token_ids == (2,)
     assert cfg.truncation == SamplingTruncation(top_k=20, top_p=0.9)
-    plain = SamplingConfig.from_options(parse_config("ppo", None, []), seed=5)
+    plain = sampling_config(parse_config("ppo", None, []), seed=5)
     assert (plain.top_k, plain.top_p, plain.truncation) == (0, 1.0, None)  # the defaults cut nothing
     greedy = SamplingConfig(temperature=0.0, top_k=20, top_p=0.9)
     assert greedy.truncation is None  # vLLM's greedy path takes the argmax of the whole distribution
@@ -32,10 +33,10 @@ def test_sampling_config_from_flags():  # ppo's rollout group
 def test_sampling_config_from_the_batch_inference_flags():
     opts = parse_config("batch-inference", None, ["--temperature", "0.7", "--top_p", "0.8", "--max_new_tokens", "21",
                                                   "--best_of_n", "3", "--top_k", "7"])
-    cfg = SamplingConfig.from_options(opts, None)
+    cfg = sampling_config(opts, None)
     assert (cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.n, cfg.seed) == (0.7, 0.8, 7, 21, 3, None)
     greedy_flags = parse_config("batch-inference", None, ["--temperature", "0.7", "--greedy_sampling"])
-    greedy = SamplingConfig.from_options(greedy_flags, 1)
+    greedy = sampling_config(greedy_flags, 1)
     assert greedy.temperature == 0.0 and greedy.greedy
 
 
@@ -83,13 +84,13 @@ def test_named_weights_skip_tied_duplicates():
 
 
 def test_engine_options_from_either_commands_flags():
-    from rlhfkit.rollout.vllm_engine import engine_options
+    from rlhfkit.launch.engine_spec import vllm_engine_spec
 
     common = ["--vllm_gpu_memory_utilization", "0.9", "--vllm_kv_cache_mb", "128", "--enforce_eager",
               "--prompt_max_len", "100"]
     rollout = parse_config("ppo", None, [*common, "--vllm_tensor_parallel_size", "2", "--generate_max_len", "28"])
     inference = parse_config("batch-inference", None, [*common, "--tp_size", "2", "--max_new_tokens", "28"])
-    opts = engine_options(rollout, dtype="fp32", seed=3)
-    assert opts == engine_options(inference, dtype="fp32", seed=3)  # one builder, the same engine from both
+    opts = vllm_engine_spec(rollout, dtype="fp32", seed=3).kwargs()
+    assert opts == vllm_engine_spec(inference, dtype="fp32", seed=3).kwargs()  # one builder, the same engines
     assert opts["cpu_kv_cache_bytes"] == 128 * 2**20 and opts["max_model_len"] == 128
     assert opts["tensor_parallel_size"] == 2 and opts["dtype"] == "float32" and opts["seed"] == 3
