@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 # float32 elements per chunk: a few MiB on a CPU (stays in cache across the passes over a chunk), more on a GPU
 # (fewer kernel launches).
@@ -81,6 +82,7 @@ class _LogProbsAndEntropy(torch.autograd.Function):
         return log_probs, lse - mean_z
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, *grads: torch.Tensor | None) -> Any:
         logits, rows, labels, lse, mean_z = ctx.saved_tensors
         grad_lp = grads[0]
