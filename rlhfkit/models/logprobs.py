@@ -1,8 +1,10 @@
 """Policy log-probabilities and entropy from logits, memory-frugal and in float32.
 
 ``log_softmax`` over a 49k-token vocabulary materialises a second ``[B, T, V]`` tensor; these helpers
-instead compute ``logit[label] - logsumexp(logits)`` a few batch rows at a time, so the extra memory is
-one chunk in float32 (bf16 logits are upcast chunk by chunk).
+instead compute ``logit[label] - logsumexp(logits)`` a few rows at a time, so the extra memory is
+one chunk in float32 (bf16 logits are upcast chunk by chunk). Without truncation the log-probs and entropies
+go through `rlhfkit.models.fused_logprobs`, whose backward recomputes each chunk's softmax instead of keeping
+``[rows, V]`` float32 tensors from the forward.
 
 With a `SamplingTruncation` (``--top_k`` / ``--top_p``) the log-sum-exp runs over the tokens the sampler kept
 instead of the whole vocabulary: the log-probs of the truncated, renormalised distribution vLLM samples from and
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlhfkit.models.fused_logprobs import token_log_probs_and_entropy
 from rlhfkit.models.positions import position_ids as default_position_ids
 
 IGNORE_INDEX = -100
@@ -95,15 +98,8 @@ def with_sampled_token(log_norm: torch.Tensor, cut: torch.Tensor, picked: torch.
     return torch.where(outside, torch.logaddexp(log_norm, picked), log_norm)
 
 
-def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, *, chunk_rows: int = _CHUNK_ROWS,
-                          truncation: SamplingTruncation | None = None) -> torch.Tensor:
-    """``log softmax(logits)[..., label]`` as float32, shape ``labels.shape`` ([B, T]); with an active `truncation`
-    the log-prob of the truncated, renormalised distribution: ``z[label] - log sum_{v in N} exp(z_v)``
-    (`nucleus_log_norm`, `with_sampled_token`).
-
-    Labels equal to ``-100`` (the usual ignore index) give 0.0 there; the caller's loss mask must exclude
-    those positions. Any other label outside ``[0, V)`` is an error.
-    """
+def _check_labels(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The positions whose label is the ignore index; any other label outside ``[0, V)`` is an error."""
     if logits.shape[:-1] != labels.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree")
     vocab = logits.shape[-1]
@@ -111,6 +107,23 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, *, chunk_r
     bad = ~ignored & ((labels < 0) | (labels >= vocab))
     if bool(bad.any()):
         raise ValueError(f"labels outside [0, {vocab}) (other than {IGNORE_INDEX}): {labels[bad][:8].tolist()}")
+    return ignored
+
+
+def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, *, chunk_rows: int | None = None,
+                          truncation: SamplingTruncation | None = None) -> torch.Tensor:
+    """``log softmax(logits)[..., label]`` as float32, shape ``labels.shape`` ([B, T]); with an active `truncation`
+    the log-prob of the truncated, renormalised distribution: ``z[label] - log sum_{v in N} exp(z_v)``
+    (`nucleus_log_norm`, `with_sampled_token`).
+
+    Labels equal to ``-100`` (the usual ignore index) give 0.0 there; the caller's loss mask must exclude
+    those positions. Any other label outside ``[0, V)`` is an error. `chunk_rows`: positions computed at a time
+    (default: a few MiB of float32 without truncation, 4 batch rows with it).
+    """
+    ignored = _check_labels(logits, labels)
+    if truncation is None or not truncation.active:
+        return token_log_probs_and_entropy(logits, labels, ignore_index=IGNORE_INDEX, chunk_rows=chunk_rows)[0]
+    chunk_rows = chunk_rows or _CHUNK_ROWS
     safe_labels = labels.masked_fill(ignored, 0)
     flat_logits = logits.reshape(-1, *logits.shape[-2:]) if logits.dim() > 2 else logits.unsqueeze(0)
     flat_labels = safe_labels.reshape(flat_logits.shape[:-1])
@@ -125,6 +138,47 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, *, chunk_r
             rows.append(picked - with_sampled_token(log_norm, cut, picked))
     out = torch.cat(rows).reshape(labels.shape)
     return out.masked_fill(ignored, 0.0)
+
+
+def tempered_log_probs_and_entropy(logits: torch.Tensor, labels: torch.Tensor, temperature: float, *,
+                                   truncation: SamplingTruncation | None = None, with_entropy: bool = False,
+                                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The training forward's per-token outputs from the model's logits ``[..., V]`` (any dtype, upcast a chunk at a
+    time): ``log softmax(logits / temperature)[label]`` float32 of shape ``labels.shape`` (0.0 at ``-100`` labels;
+    with an active `truncation` that of the truncated distribution, `log_probs_from_logits`), and with
+    `with_entropy` the entropy of the whole tempered distribution at every position (ignored ones included),
+    detached (a metric): ``H = logsumexp(z) - sum_v softmax(z)_v z_v``, ``z = logits / temperature``."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    _check_labels(logits, labels)
+    if truncation is None or not truncation.active:
+        log_probs, entropy = token_log_probs_and_entropy(logits, labels, temperature=temperature,
+                                                         with_entropy=with_entropy, ignore_index=IGNORE_INDEX)
+        return log_probs, (entropy.detach() if entropy is not None else None)
+    log_probs = log_probs_from_logits(logits.float() / temperature, labels, truncation=truncation)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = token_log_probs_and_entropy(logits, torch.full_like(labels, IGNORE_INDEX),
+                                                  temperature=temperature, with_entropy=True)[1]
+    return log_probs, entropy
+
+
+def shifted_log_probs_and_entropy(logits: torch.Tensor, sequences: torch.Tensor, width: int, temperature: float, *,
+                                  truncation: SamplingTruncation | None = None, with_entropy: bool = False,
+                                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`tempered_log_probs_and_entropy` of the last `width` tokens of `sequences` [B, T] from the logits of the
+    last ``width + 1`` positions [B, width + 1, V] (``logits_to_keep=width + 1``; position j predicts token j + 1):
+    ([B, width], [B, width] or None). The logits are read in place: the last position gets the ignore label instead
+    of being sliced off (a slice would cost a copy and a zero-filled ``[B, width + 1, V]`` gradient)."""
+    if logits.shape[1] != width + 1:
+        raise ValueError(f"logits of {logits.shape[1]} positions for {width} tokens: expected width + 1")
+    if truncation is not None and truncation.active:
+        return tempered_log_probs_and_entropy(logits[:, :-1], sequences[:, sequences.shape[1] - width:], temperature,
+                                              truncation=truncation, with_entropy=with_entropy)
+    labels = torch.nn.functional.pad(sequences[:, sequences.shape[1] - width:], (0, 1), value=IGNORE_INDEX)
+    log_probs, entropy = tempered_log_probs_and_entropy(logits, labels, temperature, with_entropy=with_entropy)
+    return log_probs[:, :-1], (entropy[:, :-1] if entropy is not None else None)
 
 
 def entropy_from_logits(logits: torch.Tensor, *, chunk_rows: int = _CHUNK_ROWS) -> torch.Tensor:

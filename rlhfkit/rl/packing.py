@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from rlhfkit.algorithms.entropy import entropy_from_logits
+from rlhfkit.models.fused_logprobs import pair_log_probs_and_entropy
 from rlhfkit.models.logprobs import SamplingTruncation, nucleus_log_norm, with_sampled_token
 
 
@@ -147,14 +148,32 @@ def packed_response_log_probs(model: torch.nn.Module, packed: PackedRollout, tem
     """
     logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
                    attention_mask=packed.attention_mask(mask_dtype), use_cache=False,
-                   logits_to_keep=packed.keep).logits[0].float() / temperature
+                   logits_to_keep=packed.keep).logits[0]                         # [K, V], the model's dtype
+    return kept_log_probs_and_entropy(logits, packed.pick, packed.labels, packed.valid, temperature,
+                                      with_entropy=with_entropy, truncation=truncation)
+
+
+def kept_log_probs_and_entropy(logits: torch.Tensor, pick: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
+                               temperature: float, *, with_entropy: bool = False,
+                               truncation: SamplingTruncation | None = None,
+                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """From the logits of the kept positions ([K, V], any dtype): log p = z[labels] - logsumexp(z) at row `pick` of
+    each (row, token) [B, W], z = logits / temperature, float32, 0 where not `valid`; with `with_entropy` the entropy
+    of the same distributions [B, W] (detached, 0 where not `valid`). Without an active `truncation` one fused pass
+    (`rlhfkit.models.fused_logprobs`) that upcasts a chunk of rows at a time and keeps no [K, V] float32 tensor."""
+    if truncation is None or not truncation.active:
+        picked, row_entropy = pair_log_probs_and_entropy(logits, pick.reshape(-1), labels.reshape(-1),
+                                                         temperature=temperature, with_entropy=with_entropy)
+        log_probs = picked.reshape(pick.shape).masked_fill(~valid, 0.0)
+        entropy = row_entropy.detach()[pick].masked_fill(~valid, 0.0) if row_entropy is not None else None
+        return log_probs, entropy
+    logits = logits.float() / temperature
     log_norm, cut = nucleus_log_norm(logits, truncation)                         # [K], [K]
-    picked = logits[packed.pick, packed.labels]                                  # [B, W]
-    log_probs = (picked - with_sampled_token(log_norm[packed.pick], cut[packed.pick], picked)
-                 ).masked_fill(~packed.valid, 0.0)
+    picked = logits[pick, labels]                                                # [B, W]
+    log_probs = (picked - with_sampled_token(log_norm[pick], cut[pick], picked)).masked_fill(~valid, 0.0)
     entropy = None
     if with_entropy:
-        entropy = entropy_from_logits(logits.detach())[packed.pick].masked_fill(~packed.valid, 0.0)
+        entropy = entropy_from_logits(logits.detach())[pick].masked_fill(~valid, 0.0)
     return log_probs, entropy
 
 

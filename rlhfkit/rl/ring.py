@@ -23,15 +23,14 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
-from rlhfkit.algorithms.entropy import entropy_from_logits
 from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.options import TrainOptions
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.context_parallel import RingGroup, setup_ring_attention, shard_forward_kwargs, sum_over_ring
-from rlhfkit.models.logprobs import SamplingTruncation, log_probs_from_logits, nucleus_log_norm, with_sampled_token
+from rlhfkit.models.logprobs import SamplingTruncation, tempered_log_probs_and_entropy
 from rlhfkit.models.positions import position_ids
 from rlhfkit.rl.experience import split_rows
-from rlhfkit.rl.packing import PackedRollout
+from rlhfkit.rl.packing import PackedRollout, kept_log_probs_and_entropy
 
 RING_ROLES = ("actor", "ref", "critic")
 
@@ -82,13 +81,13 @@ def setup_worker_ring(role: str, cfg: TrainOptions) -> RingGroup | None:
 def _kept_logits(model: torch.nn.Module, forward_kwargs: dict[str, torch.Tensor], keep: torch.Tensor,
                  ring: RingGroup) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This rank's chunk forward with the LM head only at the kept global positions `keep` [K] (sorted) that fall in
-    the chunk: (logits [B, k, V] float32, owned [K] bool, index [K] of each kept position into those k rows, k for a
-    position another rank owns)."""
+    the chunk: (logits [B, k, V] in the model's dtype, owned [K] bool, index [K] of each kept position into those k
+    rows, k for a position another rank owns)."""
     local = shard_forward_kwargs(forward_kwargs, ring)
     chunk = local["input_ids"].shape[1]
     start = ring.rank * chunk
     owned = (keep >= start) & (keep < start + chunk)
-    logits = model(**local, logits_to_keep=keep[owned] - start).logits.float()
+    logits = model(**local, logits_to_keep=keep[owned] - start).logits
     index = torch.where(owned, owned.long().cumsum(0) - 1, int(owned.sum()))
     return logits, owned, index
 
@@ -104,22 +103,18 @@ def ring_response_log_probs(model: torch.nn.Module, sequences: torch.Tensor, att
     keep = torch.arange(total - width - 1, total - 1, device=sequences.device)
     inputs = {"input_ids": sequences, "attention_mask": attention_mask, "position_ids": position_ids(attention_mask)}
     logits, owned, index = _kept_logits(model, inputs, keep, ring)
-    logits = logits / temperature
     labels = sequences[:, keep[owned] + 1]
-    picked = F.pad(_label_log_probs(logits, labels, truncation), (0, 1))[:, index]    # [B, width], 0 where not owned
-    log_probs = sum_over_ring(picked, ring)
+    if logits.shape[1] == 0:  # a chunk that predicts no response token: [B, 0], still in the graph (the LM head ran)
+        mine: tuple[torch.Tensor, torch.Tensor | None] = (logits.float().sum(-1), logits.float().sum(-1).detach())
+    else:
+        mine = tempered_log_probs_and_entropy(logits, labels, temperature, truncation=truncation,
+                                              with_entropy=with_entropy)
+    log_probs = sum_over_ring(F.pad(mine[0], (0, 1))[:, index], ring)           # [B, width], 0 where not owned
     entropy = None
     if with_entropy:
-        entropy = sum_over_ring(F.pad(entropy_from_logits(logits.detach()), (0, 1))[:, index], ring)
+        assert mine[1] is not None  # with_entropy
+        entropy = sum_over_ring(F.pad(mine[1], (0, 1))[:, index], ring)
     return log_probs, entropy
-
-
-def _label_log_probs(logits: torch.Tensor, labels: torch.Tensor,
-                     truncation: SamplingTruncation | None) -> torch.Tensor:
-    """log softmax(logits)[label], [B, k]; a chunk that predicts no response token (k = 0) gives [B, 0]."""
-    if logits.shape[1] == 0:
-        return logits.sum(-1)  # [B, 0], still in the graph (the LM head ran)
-    return log_probs_from_logits(logits, labels, truncation=truncation)
 
 
 def ring_packed_log_probs(model: torch.nn.Module, packed: PackedRollout, temperature: float, ring: RingGroup,
@@ -130,14 +125,11 @@ def ring_packed_log_probs(model: torch.nn.Module, packed: PackedRollout, tempera
     inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids,
               "attention_mask": packed.attention_mask(torch.float32) == 0}
     logits, owned, index = _kept_logits(model, inputs, packed.keep, ring)
-    logits = F.pad(logits[0] / temperature, (0, 0, 0, 1))                        # [k + 1, V], a zero row for others
-    rows = index[packed.pick]                                                    # [B, W]
+    logits = logits[0]                                                           # [k, V]
     mine = owned[packed.pick] & packed.valid
-    log_norm, cut = nucleus_log_norm(logits, truncation)
-    picked = logits[rows, packed.labels]
-    log_probs = sum_over_ring((picked - with_sampled_token(log_norm[rows], cut[rows], picked)).masked_fill(~mine, 0.0),
-                              ring)
-    entropy = None
-    if with_entropy:
-        entropy = sum_over_ring(entropy_from_logits(logits.detach())[rows].masked_fill(~mine, 0.0), ring)
-    return log_probs, entropy
+    if logits.shape[0] == 0:
+        logits = F.pad(logits, (0, 0, 0, 1))                                     # a zero row, read by no one
+    rows = index[packed.pick].clamp(max=logits.shape[0] - 1)                     # [B, W]; others' rows are masked
+    log_probs, entropy = kept_log_probs_and_entropy(logits, rows, packed.labels, mine, temperature,
+                                                    with_entropy=with_entropy, truncation=truncation)
+    return sum_over_ring(log_probs, ring), (sum_over_ring(entropy, ring) if entropy is not None else None)

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from rlhfkit.algorithms.entropy import entropy_from_logits
 from rlhfkit.algorithms.kl import compute_kl
 from rlhfkit.algorithms.normalize import masked_mean
 from rlhfkit.algorithms.offpolicy import logprob_mismatch
@@ -30,7 +29,7 @@ from rlhfkit.engine.distributed import init_distributed
 from rlhfkit.engine.ema import resolved_ema_beta
 from rlhfkit.engine.fsdp import shard_model
 from rlhfkit.engine.train_engine import TrainEngine
-from rlhfkit.models.logprobs import SamplingTruncation, log_probs_from_logits
+from rlhfkit.models.logprobs import SamplingTruncation, log_probs_from_logits, shifted_log_probs_and_entropy
 from rlhfkit.models.positions import position_ids
 from rlhfkit.rl.experience import sort_rows_by_length, sort_rows_by_prompt, trim_padding
 from rlhfkit.rl.micro_batch import micro_batches, pad_to, rollout_budget
@@ -242,10 +241,8 @@ class ModelWorker:
         # Only the positions that predict response tokens need the (vocab-sized) LM head.
         logits = self.model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask),
                             logits_to_keep=width + 1, **pixel_inputs(mb)).logits
-        logits = logits[:, :-1].float() / self.cfg.temperature
-        log_probs = log_probs_from_logits(logits, seq[:, -width:], truncation=truncation)
-        entropy = entropy_from_logits(logits.detach()) if with_entropy else None
-        return log_probs, entropy
+        return shifted_log_probs_and_entropy(logits, seq, width, self.cfg.temperature, truncation=truncation,
+                                             with_entropy=with_entropy)
 
     @torch.no_grad()
     def log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
