@@ -192,16 +192,17 @@ class OptionRecorder:
         recorder = self
 
         @functools.wraps(original)
-        def parse_config(command: str, groups: Any = None, argv: Any = None, description: str = "") -> Any:
+        def parse_config(command: Any, groups: Any = None, argv: Any = None, description: str = "") -> Any:
             import sys
 
+            name = command if isinstance(command, str) else command.command  # a name or a command class
             args = list(sys.argv[1:] if argv is None else argv)
-            for flag in recorder.revert.get(command, ()):
+            for flag in recorder.revert.get(name, ()):
                 args = strip_flag(args, flag)
             try:
                 return original(command, groups, args, description)
             except (ConfigError, SystemExit):  # a refused flag: the refusal is its effect
-                recorder.note(command, flag_names_in_argv(args))
+                recorder.note(name, flag_names_in_argv(args))
                 raise
 
         return parse_config
