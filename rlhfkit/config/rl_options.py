@@ -97,6 +97,11 @@ class RolloutOptions:
     generate_max_len: int = opt(1024, "maximum new tokens per response (alias --max_new_tokens, OpenRLHF's "
                                       "--rollout.max_new_tokens); with --max_len a prompt of p tokens gets "
                                       "min(this, max_len - p)", aliases=["--max_new_tokens"])
+    generate_min_len: int = opt(0, "at least this many new tokens per response: EOS and the stop tokens are masked "
+                                   "until then (vLLM's min_tokens, HF generate's min_new_tokens), capped by what "
+                                   "--generate_max_len and --max_len allow; 0: off. For runs at a forced length "
+                                   "(make bench-peers's forced-256/512 workloads): the sampler then draws from a "
+                                   "distribution without EOS, which the trainer's log-probs do not model")
     n_samples_per_prompt: int = opt(1, "responses per prompt (a group)")
     micro_rollout_batch_size: int = opt(8, "rows per forward when computing log-probs/values")
     eval_temperature: float = opt(0.6, "sampling temperature for --eval_dataset")

@@ -37,15 +37,16 @@ def sampling_config(opts: PPOConfig | BatchInferenceConfig, seed: int | None,
     --n_samples_per_prompt`) or batch-inference's (`--temperature`, 0 with `--greedy_sampling`, `--top_p --top_k
     --max_new_tokens --best_of_n`). `seed`: `--seed`, declared in another group by each command (ppo: TrainOptions,
     batch-inference: InferenceModelOptions)."""
-    max_len = None
+    max_len, min_new_tokens = None, 0
     if isinstance(opts, PPOConfig):
         temperature, max_new_tokens, n = opts.temperature, opts.generate_max_len, opts.n_samples_per_prompt
-        max_len = opts.max_len or None
+        max_len, min_new_tokens = opts.max_len or None, opts.generate_min_len
     else:
         temperature = 0.0 if opts.greedy_sampling else opts.temperature
         max_new_tokens, n = opts.max_new_tokens, opts.best_of_n
     return SamplingConfig(temperature=temperature, top_p=opts.top_p, max_new_tokens=max_new_tokens, n=n, seed=seed,
-                          stop_token_ids=tuple(stop_token_ids), max_len=max_len, top_k=opts.top_k)
+                          stop_token_ids=tuple(stop_token_ids), max_len=max_len, top_k=opts.top_k,
+                          min_new_tokens=min_new_tokens)
 
 
 def lora_sync_spec(cfg: PPOConfig) -> LoraSyncSpec:

@@ -98,6 +98,7 @@ class HFEngine:
                       "top_k": sampling.top_k}
         return GenerationConfig(
             max_new_tokens=sampling.new_tokens(prompt_len),
+            min_new_tokens=sampling.min_tokens(prompt_len) or None,
             num_return_sequences=1 if sampling.greedy else sampling.n,
             eos_token_id=stop_ids or None,
             pad_token_id=self.pad_token_id,

@@ -48,6 +48,7 @@ class SamplingConfig:
     ignore_eos: bool = False
     max_len: int | None = None
     top_k: int = 0
+    min_new_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -60,6 +61,9 @@ class SamplingConfig:
             raise ValueError(
                 f"SamplingConfig.max_new_tokens (--generate_max_len) must be >= 1, got {self.max_new_tokens}"
             )
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"SamplingConfig.min_new_tokens (--generate_min_len) must be in [0, max_new_tokens = "
+                             f"{self.max_new_tokens}] (--generate_max_len), got {self.min_new_tokens}")
         if self.n < 1:
             raise ValueError(f"SamplingConfig.n (--n_samples_per_prompt) must be >= 1, got {self.n}")
         if self.max_len is not None and self.max_len < 2:
@@ -72,6 +76,10 @@ class SamplingConfig:
         if self.max_len is None:
             return self.max_new_tokens
         return max(1, min(self.max_new_tokens, self.max_len - prompt_len))
+
+    def min_tokens(self, prompt_len: int) -> int:
+        """The fewest new tokens for a prompt of `prompt_len` tokens (--generate_min_len, capped by `new_tokens`)."""
+        return min(self.min_new_tokens, self.new_tokens(prompt_len))
 
     @property
     def greedy(self) -> bool:

@@ -320,6 +320,7 @@ def _sampling_params(sampling: SamplingConfig, seed: int | None, prompt_len: int
         top_p=sampling.top_p,
         top_k=sampling.top_k,
         max_tokens=sampling.new_tokens(prompt_len),
+        min_tokens=sampling.min_tokens(prompt_len),
         seed=seed,
         stop_token_ids=list(sampling.stop_token_ids),
         ignore_eos=sampling.ignore_eos,

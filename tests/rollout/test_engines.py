@@ -62,6 +62,41 @@ def test_stop_token_ends_response(backend, rollout_vllm_engine, rollout_hf_engin
     _check_contract(stopped, rollout_prompts[:2], cfg)
 
 
+@pytest.mark.parametrize("backend", ["vllm", "hf"])
+def test_generate_min_len_masks_the_stop_tokens_until_then(backend, rollout_vllm_engine, rollout_hf_engine,
+                                                           rollout_prompts, tiny_model_dir):
+    """`--generate_min_len 5`: a greedy response that stops at its 1st token without it runs to at least 5 tokens,
+    and the stop token does not appear before the 5th."""
+    from rlhfkit.config.parse import parse_config
+    from rlhfkit.launch.engine_spec import sampling_config
+
+    engine = rollout_vllm_engine if backend == "vllm" else rollout_hf_engine
+    free = ray.get(engine.generate.remote(rollout_prompts[:2], SamplingConfig(temperature=0, max_new_tokens=8)))
+    stop_id = free[0].response_ids[0]
+    argv = ["--pretrain", tiny_model_dir, "--prompt_data", "unused.jsonl", "--temperature", "0",
+            "--generate_max_len", "8", "--generate_min_len", "5"]
+    cfg = sampling_config(parse_config("ppo", None, argv), seed=0, stop_token_ids=(stop_id,))
+    assert cfg.min_new_tokens == 5
+    stopped = ray.get(engine.generate.remote(rollout_prompts[:2], SamplingConfig(
+        temperature=0, max_new_tokens=8, stop_token_ids=(stop_id,))))
+    assert stopped[0].response_ids == [stop_id]  # the stop token ends it at once without the minimum
+    forced = ray.get(engine.generate.remote(rollout_prompts[:2], cfg))
+    for sample in forced:
+        assert len(sample.response_ids) >= 5, sample.response_ids
+        assert stop_id not in sample.response_ids[:4]
+    _check_contract(forced, rollout_prompts[:2], cfg)
+
+
+def test_generate_min_len_above_the_max_is_refused(tiny_model_dir):
+    from rlhfkit.config.parse import parse_config
+    from rlhfkit.launch.engine_spec import sampling_config
+
+    argv = ["--pretrain", tiny_model_dir, "--prompt_data", "unused.jsonl", "--generate_max_len", "4",
+            "--generate_min_len", "5"]
+    with pytest.raises(ValueError, match=r"--generate_min_len.*--generate_max_len"):
+        sampling_config(parse_config("ppo", None, argv), seed=0)
+
+
 def test_greedy_deterministic_and_matches_hf(rollout_vllm_engine, rollout_hf_engine, rollout_prompts):
     cfg = SamplingConfig(temperature=0, max_new_tokens=16)
     first = ray.get(rollout_vllm_engine.generate.remote(rollout_prompts, cfg))
