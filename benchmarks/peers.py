@@ -11,7 +11,8 @@ and workload both sides run back to back, TRL first on even repeats and rlhfkit 
 median step time after the warm-up step(s); per workload: the median of those over repeats, the speed ratio
 TRL s/step / rlhfkit s/step (> 1: rlhfkit is faster), peak memory per process and rlhfkit's stage split.
 Workloads (docs/benchmarks.md says what each configures on both sides): grpo, len-32, len-128, len-512
-(`sweep` = the three), sft, dpo, ppo (rlhfkit only: TRL 1.16 has no PPOTrainer).
+(`sweep` = the three), forced-256, forced-512 (`forced` = the two: every response exactly that long on both sides),
+sft, dpo, ppo (rlhfkit only: TRL 1.16 has no PPOTrainer).
 Prints a table and writes benchmarks/results/peers.json (rewritten after every run, so a stopped sitting keeps
 what it measured).
 """
@@ -47,20 +48,27 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "len-32": {**GRPO, "data": "story", "new_tokens": 32, "timed": 2},
     "len-128": {**GRPO, "data": "story", "new_tokens": 128, "timed": 1},
     "len-512": {**GRPO, "data": "story", "new_tokens": 512, "timed": 1, "warmup": 0, "kv_cache_mb": 2048},
+    # the paper's regime: every response exactly this long on both sides (EOS masked until then: rlhfkit
+    # --generate_min_len, TRL generation_kwargs min_new_tokens), so both generate the same number of tokens
+    "forced-256": {**GRPO, "data": "story", "new_tokens": 256, "min_new_tokens": 256, "timed": 2,
+                   "kv_cache_mb": 2048},
+    "forced-512": {**GRPO, "data": "story", "new_tokens": 512, "min_new_tokens": 512, "timed": 1, "warmup": 1,
+                   "kv_cache_mb": 2048},
     "sft": {"kind": "sft", "data": "sft", "batch": 8, "micro": 8, "max_len": 128, "lr": 1e-5, "timed": 3},
     "dpo": {"kind": "dpo", "data": "dpo", "batch": 8, "micro": 8, "max_len": 128, "lr": 1e-6, "beta": 0.1,
             "timed": 3},
     "ppo": {"kind": "ppo", "data": "arithmetic", "prompts": 16, "samples": 1, "batch": 16, "micro": 8,
             "new_tokens": 32, "lr": 1e-6, "kl_coef": 0.01, "lam": 0.95, "kv_cache_mb": 1024, "timed": 1},
 }
-ALIASES = {"sweep": ["len-32", "len-128", "len-512"]}
-QUICK_TOKENS = {"len-32": 16, "len-128": 32, "len-512": 64}
+ALIASES = {"sweep": ["len-32", "len-128", "len-512"], "forced": ["forced-256", "forced-512"]}
+QUICK_TOKENS = {"len-32": 16, "len-128": 32, "len-512": 64, "forced-256": 32, "forced-512": 64}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default="grpo,sweep,sft,dpo,ppo",
-                        help=f"comma-separated, of {', '.join(WORKLOADS)} (sweep = len-32,len-128,len-512)")
+                        help=f"comma-separated, of {', '.join(WORKLOADS)} (sweep = len-32,len-128,len-512; "
+                             "forced = forced-256,forced-512)")
     parser.add_argument("--repeats", type=int, default=2, help="sittings of every workload on both sides")
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps per run (default per workload: grpo, len-32 2; sft, dpo 3; len-128, "
@@ -149,7 +157,9 @@ def build_specs(args: argparse.Namespace, names: list[str], work: Path, precisio
         w.pop("warmup", None)
         if args.quick and name in QUICK_TOKENS:
             w["new_tokens"] = QUICK_TOKENS[name]
-            w["note"] = f"--quick: {w['new_tokens']} new tokens at most, not {name[4:]}"
+            if "min_new_tokens" in w:
+                w["min_new_tokens"] = w["new_tokens"]
+            w["note"] = f"--quick: {w['new_tokens']} new tokens at most, not {name.split('-')[-1]}"
         steps = warmup + timed
         count = steps * (w.get("prompts") or w["batch"])
         spec = {**w, "name": name, "model": model, "steps": steps, "warmup": warmup, "seed": args.seed,

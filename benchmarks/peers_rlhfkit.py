@@ -41,6 +41,8 @@ def flags_for(spec: dict[str, Any], run: Path) -> dict[str, Any]:
                   "prompt_max_len": 256, "temperature": 1.0, "actor_learning_rate": spec["lr"],
                   "max_samples": spec["steps"] * spec["prompts"], "enforce_eager": True,
                   "vllm_kv_cache_mb": spec["kv_cache_mb"], "enable_vllm_is_correction": True}
+        if spec.get("min_new_tokens"):
+            online["generate_min_len"] = spec["min_new_tokens"]
         if spec["kind"] == "grpo":
             return {**online, "advantage_estimator": "group_norm", "init_kl_coef": 0.0, "label_key": "label",
                     "remote_rm_url": "builtin:math"}

@@ -74,6 +74,8 @@ def grpo_trainer(spec: dict[str, Any], work: Path) -> Any:
     data = Dataset.from_list([{"prompt": r["input"], "label": r["label"]} for r in rows])
     config = GRPOConfig(**base_args(spec, work), num_generations=spec["samples"],
                         max_completion_length=spec["new_tokens"], temperature=1.0, top_p=1.0, beta=0.0,
+                        generation_kwargs={"min_new_tokens": spec["min_new_tokens"]}
+                        if spec.get("min_new_tokens") else None,
                         num_iterations=1, model_init_kwargs={"dtype": torch.float32})
     return GRPOTrainer(model=spec["model"], reward_funcs=math_reward, args=config, train_dataset=data)
 
