@@ -292,8 +292,8 @@ class _Trainers:
     def __init__(self, log: list[str]) -> None:
         self.log = log
 
-    def call(self, method: str) -> None:
-        self.log.append(method)
+    def call(self, method) -> None:  # a ModelWorker method, as ModelGroup.call takes it
+        self.log.append(method.__name__)
 
 
 def test_phases_order_sleep_and_offload_around_generation(ray_cluster, caplog):
