@@ -67,6 +67,7 @@ def collect_whereabouts(groups: list[ModelGroup], engines: list[Any]) -> list[di
     the run's deadline (--remote_call_timeout): a hung or dead rank or engine raises `RemoteCallTimeout` /
     `RemoteActorDied` naming it (role, rank, node, `whereabouts`), and a rank silent past --trainer_hang_timeout
     `RemoteActorHung`, as every other call of the run does."""
-    ranks = [entry for group in groups for entry in group.call(ModelWorker.whereabouts)]
+    ranks = [entry for group in groups for entry in RemoteActors(group.workers, role=group.role,
+                                                                 heartbeats=group.heartbeats).call(ModelWorker.whereabouts)]
     found = RemoteActors(engines, role="engine").call(RolloutEngine.whereabouts) if engines else []
     return ranks + [{**entry, "engine": k} for k, entry in enumerate(found)]
