@@ -25,6 +25,8 @@ from typing import Any
 
 from machine import machine_line, machine_record
 
+from rlhfkit.rl.worker import ModelWorker
+
 RESULTS = Path(__file__).parent / "results"
 MODEL = "embedded:smollm2-135m-instruct"
 TRANSPORTS = ("ray", "gloo")
@@ -40,7 +42,7 @@ def lora_actor(path: str) -> Any:
     cfg = parse_config("ppo", None, ["--pretrain", path, "--prompt_data", "unused", "--remote_rm_url", "x",
                                           "--lora_rank", str(RANK), "--target_modules", *TARGETS])
     actor = ModelGroup("actor", config_to_dict(cfg), make_placement_group(1, 1, 0.25), 1)
-    actor.call("init_model", path, True)
+    actor.call(ModelWorker.init_model, path, True)
     return actor
 
 

@@ -24,6 +24,8 @@ from typing import Any
 
 from machine import machine_line, machine_record
 
+from rlhfkit.rl.worker import ModelWorker
+
 RESULTS = Path(__file__).parent / "results"
 MODEL = "embedded:smollm2-135m-instruct"
 TRANSPORTS = ("ray", "gloo")
@@ -52,7 +54,7 @@ def time_actor(engines: list[Any], path: str, bucket_mb: int, repeats: int) -> d
 
     cfg = parse_config("ppo", None, ["--pretrain", path, "--prompt_data", "unused", "--remote_rm_url", "x"])
     actor = ModelGroup("actor", config_to_dict(cfg), make_placement_group(1, 1, 0.25), 1)
-    actor.call("init_model", path, False)
+    actor.call(ModelWorker.init_model, path, False)
     seconds: dict[str, list[float]] = {}
     for transport in TRANSPORTS:
         run_cfg = SimpleNamespace(vllm_sync_backend=transport, weight_sync_bucket_mb=bucket_mb)

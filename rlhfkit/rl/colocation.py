@@ -13,10 +13,14 @@ sleep mode, and the colocated layouts simply run without it (`Phases` is then in
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Concatenate, ParamSpec
 
 from rlhfkit.config.commands import PPOConfig
+from rlhfkit.rl.worker import ModelWorker
+from rlhfkit.rollout.engine_api import RolloutEngine
+
+P = ParamSpec("P")
 
 log = logging.getLogger("rlhfkit")
 
@@ -46,33 +50,34 @@ class Phases:
             offload = False
         return cls(engines, trainers, sleep_engines=sleep, offload_trainers=offload)
 
-    def _engines(self, method: str, *args: Any) -> None:
-        from rlhfkit.rollout.remote import call_all
+    def _engines(self, method: Callable[Concatenate[RolloutEngine, P], None], *args: P.args,
+                 **kwargs: P.kwargs) -> None:
+        from rlhfkit.rollout.remote import RemoteActors
 
-        call_all(self.engines, method, *args, role="engine")
-        self.events.append(f"engines.{method}")
+        RemoteActors(self.engines, role="engine").call(method, *args, **kwargs)
+        self.events.append(f"engines.{method.__name__}")
 
-    def _trainers(self, method: str) -> None:
+    def _trainers(self, method: Callable[[ModelWorker], bool]) -> None:
         for group in self.trainers:
             group.call(method)
-        self.events.append(f"trainers.{method}")
+        self.events.append(f"trainers.{method.__name__}")
 
     def before_generation(self) -> None:
         if self.offload_trainers and self.trainers_loaded:
-            self._trainers("offload_states")
+            self._trainers(ModelWorker.offload_states)
             self.trainers_loaded = False
         self.wake_engines()
 
     def after_generation(self) -> None:
         if self.sleep_engines and self.engines_awake:
-            self._engines("sleep", self.sleep_level)
+            self._engines(RolloutEngine.sleep, self.sleep_level)
             self.engines_awake = False
         if self.offload_trainers and not self.trainers_loaded:
-            self._trainers("reload_states")
+            self._trainers(ModelWorker.reload_states)
             self.trainers_loaded = True
 
     def wake_engines(self) -> None:
         """Before generation and before a weight sync (a sleeping engine cannot load weights)."""
         if self.sleep_engines and not self.engines_awake:
-            self._engines("wake_up")
+            self._engines(RolloutEngine.wake_up)
             self.engines_awake = True

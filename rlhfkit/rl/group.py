@@ -8,7 +8,7 @@ same placement group, so their ranks share bundles (the hybrid engine layout).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 import torch
 
@@ -17,7 +17,11 @@ from rlhfkit.launch.ray_cluster import cluster_has_gpus
 from rlhfkit.rl.ring import rank_rows, ring_size_of
 from rlhfkit.rl.worker import ModelWorker
 from rlhfkit.rollout.heartbeat import Heartbeats, heartbeat_board
-from rlhfkit.rollout.remote import remote_call_timeout, wait_remote
+from rlhfkit.rollout.remote import Pending, RemoteMethod, method_name, remote_call_timeout
+
+P = ParamSpec("P")
+R = TypeVar("R")
+Batch = dict[str, torch.Tensor]
 
 
 def placement_bundles(num_nodes: int, gpus_per_node: int, cpus_per_bundle: float,
@@ -114,70 +118,76 @@ class ModelGroup:
     def world_size(self) -> int:
         return len(self.workers)
 
-    def call(self, method: str, *args, **kwargs) -> list[Any]:
-        """Call `method` on every rank with the same arguments; return every rank's result."""
-        refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
-        return wait_remote(refs, role=self.role, method=method, handles=self.workers, heartbeats=self.heartbeats)
+    @overload
+    def call(self, method: Callable[Concatenate[ModelWorker, P], R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
+        ...
+
+    @overload
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:  # deprecated: by name, untyped
+        ...
+
+    def call(self, method: RemoteMethod, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call `method` (a `ModelWorker` method: `group.call(ModelWorker.save_hf, path, spec)`) on every rank with
+        the same arguments; return every rank's result. Deprecated: a method name as a string (untyped), kept only
+        for the call sites not converted yet (rl/ppo_trainer.py)."""
+        return self._call_async(method, *args, **kwargs).get()
+
+    def call_async(self, method: Callable[Concatenate[ModelWorker, P], R], *args: P.args,
+                   **kwargs: P.kwargs) -> Pending[list[R]]:
+        """`call` without waiting: `.get()` every rank's result."""
+        return self._call_async(method, *args, **kwargs)
+
+    def _call_async(self, method: RemoteMethod, *args: Any, **kwargs: Any) -> Pending[list[Any]]:
+        name = worker_method(method)
+        return Pending([getattr(w, name).remote(*args, **kwargs) for w in self.workers], list,
+                       (self.role, name, self.workers), self.heartbeats)
 
     def rank_rows(self, rows: int) -> list[list[int]]:
         """The rows of a `rows`-row batch each rank takes: split over the data-parallel ranks, the same rows for the
         ranks of one ring group (--ring_attn_size, rlhfkit.rl.ring)."""
         return rank_rows(rows, self.world_size, self.ring)
 
-    def map_rows(self, method: str, batch: dict[str, torch.Tensor], *args) -> torch.Tensor:
+    def map_rows(self, method: Callable[Concatenate[ModelWorker, Batch, P], torch.Tensor], batch: Batch,
+                 *args: P.args, **kwargs: P.kwargs) -> torch.Tensor:
         """Split `batch` by rows across the data-parallel ranks (contiguous, balanced), call `method`, concatenate
         the results (of each ring group's first rank).
 
         Every rank gets at least one row so that FSDP2's collectives line up; with fewer rows than ranks the
         first row is repeated and its extra results dropped.
         """
-        return self.map_rows_async(method, batch, *args).get()
+        return self.map_rows_async(method, batch, *args, **kwargs).get()
 
-    def map_rows_async(self, method: str, batch: dict[str, torch.Tensor], *args) -> Pending:
+    def map_rows_async(self, method: Callable[Concatenate[ModelWorker, Batch, P], torch.Tensor], batch: Batch,
+                       *args: P.args, **kwargs: P.kwargs) -> Pending[torch.Tensor]:
         """`map_rows` without waiting: `.get()` the result."""
+        name = worker_method(method)
         parts = self.rank_rows(batch["sequences"].shape[0])
         refs = []
         for worker, part in zip(self.workers, parts):
             index = torch.tensor(part or [0], dtype=torch.long)
-            refs.append(getattr(worker, method).remote({k: v[index] for k, v in batch.items()}, *args))
+            refs.append(getattr(worker, name).remote({k: v[index] for k, v in batch.items()}, *args, **kwargs))
         ring = self.ring
         return Pending(refs, lambda outputs: torch.cat([out[:len(part)] for out, part in
                                                         zip(outputs[::ring], parts[::ring])]),
-                       (self.role, method, self.workers), self.heartbeats)
+                       (self.role, name, self.workers), self.heartbeats)
 
-    def scatter(self, method: str, shards: Sequence[dict[str, torch.Tensor]], *args,
-                per_rank: Sequence[Sequence[Any]] | None = None) -> list[Any]:
-        """Call `method(shards[r], *args, *per_rank[r])` on rank r; return every rank's result."""
+    def scatter(self, method: Callable[Concatenate[ModelWorker, Batch, ...], R] | str, shards: Sequence[Batch],
+                *args: Any, per_rank: Sequence[Sequence[Any]] | None = None) -> list[R]:
+        """Call `method(shards[r], *args, *per_rank[r])` on rank r; return every rank's result (typed from the
+        method's return type; the per-rank arguments are not checked). A string `method`: deprecated."""
         return self.scatter_async(method, shards, *args, per_rank=per_rank).get()
 
-    def scatter_async(self, method: str, shards: Sequence[dict[str, torch.Tensor]], *args,
-                      per_rank: Sequence[Sequence[Any]] | None = None, **kwargs) -> Pending:
+    def scatter_async(self, method: Callable[Concatenate[ModelWorker, Batch, ...], R] | str, shards: Sequence[Batch],
+                      *args: Any, per_rank: Sequence[Sequence[Any]] | None = None, **kwargs: Any) -> Pending[list[R]]:
+        """`scatter` without waiting: `.get()` the results."""
+        name = worker_method(method)
         extras = per_rank if per_rank is not None else [()] * len(self.workers)
-        return Pending([getattr(w, method).remote(s, *args, *extra, **kwargs)
-                        for w, s, extra in zip(self.workers, shards, extras)], list, (self.role, method, self.workers),
+        return Pending([getattr(w, name).remote(s, *args, *extra, **kwargs)
+                        for w, s, extra in zip(self.workers, shards, extras)], list, (self.role, name, self.workers),
                        self.heartbeats)
 
 
-class Pending:
-    """Results of calls already sent to a group's ranks; `get()` waits (with the deadline, naming the callee on a
-    timeout, a dead or a hung rank: `rlhfkit.rollout.remote.wait_remote`) and assembles them. `callees`: (role,
-    method, worker handles), one handle per ref; `heartbeats`: the ranks' heartbeat check (ModelGroup.heartbeats)."""
-
-    def __init__(self, refs: list[Any], assemble: Callable[[list[Any]], Any],
-                 callees: tuple[str, str, list[Any]] | None = None, heartbeats: Heartbeats | None = None) -> None:
-        self.refs, self.assemble, self.callees, self.heartbeats = refs, assemble, callees, heartbeats
-
-    def get(self) -> Any:
-        import ray
-
-        if self.callees is None:
-            return self.assemble(ray.get(self.refs))
-        role, method, handles = self.callees
-        return self.assemble(wait_remote(self.refs, role=role, method=method, handles=handles,
-                                         heartbeats=self.heartbeats))
-
-
-def run_side_by_side(calls: Sequence[tuple[ModelGroup, Callable[[], Pending]]]) -> list[Any]:
+def run_side_by_side(calls: Sequence[tuple[ModelGroup, Callable[[], Pending[Any]]]]) -> list[Any]:
     """Run calls on several groups: groups on different placement groups at the same time, groups that share
     bundles (colocated) one after another, in the given order. `calls`: (group, start) with `start()` sending the
     work and returning its `Pending`. Returns the results in order."""
@@ -191,6 +201,16 @@ def run_side_by_side(calls: Sequence[tuple[ModelGroup, Callable[[], Pending]]]) 
         for i in indices[1:]:
             results[i] = calls[i][1]().get()
     return results
+
+
+def worker_method(method: RemoteMethod) -> str:
+    """The name of a `ModelWorker` method given as the method itself (`ModelWorker.log_probs`); a method of another
+    class is refused (it would reach a same-named worker method, or none). A string passes as it is (deprecated)."""
+    name = method_name(method)
+    if not isinstance(method, str) and getattr(ModelWorker, name, None) is not method:
+        raise TypeError(f"{getattr(method, '__qualname__', name)} is not a ModelWorker method: a model group's ranks "
+                        f"are ModelWorkers (pass e.g. ModelWorker.{name})")
+    return name
 
 
 def _rendezvous_address() -> tuple[str, int]:

@@ -27,6 +27,7 @@ from rlhfkit.engine.safe_state import register_dataclasses
 from rlhfkit.rewards.base import failure_counts, failure_reasons
 from rlhfkit.rl.experience import Experience, build_experience
 from rlhfkit.rl.group import run_side_by_side
+from rlhfkit.rl.worker import ModelWorker
 from rlhfkit.rollout.dispatch import generate_on_engines
 from rlhfkit.rollout.types import RolloutSample, SamplingConfig
 
@@ -237,11 +238,11 @@ def fill_log_probs_and_advantages(exp: Experience, cfg: PPOConfig, actor: Any, r
     began = time.perf_counter()
     batch = model_batch(exp)
     reuse = old_log_probs_from_training_pass(cfg, exp.batch_size, ref is not None)
-    calls = [] if reuse else [(actor, partial(actor.map_rows_async, "log_probs", batch))]
+    calls = [] if reuse else [(actor, partial(actor.map_rows_async, ModelWorker.log_probs, batch))]
     if ref is not None:
-        calls.append((ref, partial(ref.map_rows_async, "log_probs", batch)))
+        calls.append((ref, partial(ref.map_rows_async, ModelWorker.log_probs, batch)))
     if critic is not None:
-        calls.append((critic, partial(critic.map_rows_async, "values", batch)))
+        calls.append((critic, partial(critic.map_rows_async, ModelWorker.values, batch)))
     results = run_side_by_side(calls)  # separate placement groups: at the same time
     old = None
     if not reuse:

@@ -11,8 +11,10 @@ from typing import Any
 
 from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.plan import RLPlan
-from rlhfkit.rl.group import make_placement_group
-from rlhfkit.rollout.remote import call_all
+from rlhfkit.rl.group import ModelGroup, make_placement_group
+from rlhfkit.rl.worker import ModelWorker
+from rlhfkit.rollout.engine_api import RolloutEngine
+from rlhfkit.rollout.remote import RemoteActors
 
 
 @dataclass
@@ -60,12 +62,12 @@ def plan_placement(cfg: PPOConfig, plan: RLPlan, reward_specs: list[str], create
     return p
 
 
-def collect_whereabouts(groups: list[Any], engines: list[Any]) -> list[dict[str, Any]]:
+def collect_whereabouts(groups: list[ModelGroup], engines: list[Any]) -> list[dict[str, Any]]:
     """Every rank of every model group, then every engine (`engine` = its index in the run's list). Each call has
     the run's deadline (--remote_call_timeout): a hung or dead rank or engine raises `RemoteCallTimeout` /
     `RemoteActorDied` naming it (role, rank, node, `whereabouts`), and a rank silent past --trainer_hang_timeout
     `RemoteActorHung`, as every other call of the run does."""
-    ranks = [entry for group in groups for entry in call_all(group.workers, "whereabouts", role=group.role,
-                                                             heartbeats=group.heartbeats)]
-    found = call_all(engines, "whereabouts", role="engine") if engines else []
+    ranks = [entry for group in groups for entry in RemoteActors(group.workers, role=group.role,
+                                                                 heartbeats=group.heartbeats).call(ModelWorker.whereabouts)]
+    found = RemoteActors(engines, role="engine").call(RolloutEngine.whereabouts) if engines else []
     return ranks + [{**entry, "engine": k} for k, entry in enumerate(found)]

@@ -29,6 +29,7 @@ from rlhfkit.rewards.reward_func import RewardFuncSource
 from rlhfkit.rewards.reward_model import RewardModelSource
 from rlhfkit.rewards.sources import builtin_source, code_sandbox_options, combine, spec_kind, split_specs
 from rlhfkit.rl.group import run_side_by_side
+from rlhfkit.rl.worker import ModelWorker
 from rlhfkit.rollout.types import RolloutSample
 
 
@@ -117,7 +118,7 @@ class RolloutRewards:
         outputs: list[RewardOutput] = []
         if self.models:
             batch = reward_batch(samples, self.eos_token_id, self.pad_token_id)
-            calls = [(group, partial(group.map_rows_async, "rewards", batch)) for _, group in self.models]
+            calls = [(group, partial(group.map_rows_async, ModelWorker.rewards, batch)) for _, group in self.models]
             for rewards in run_side_by_side(calls):
                 outputs.append(RewardOutput(rewards.float(), rewards.float().clone(), {}))
         outputs += [source(queries, prompts, labels) for source in self.texts]

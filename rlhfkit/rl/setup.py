@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -32,7 +33,7 @@ from rlhfkit.observability.placement import record_placement
 from rlhfkit.observability.run import prepare_run_dir, record_resume
 from rlhfkit.rewards.sandbox import manifest_entries as sandbox_manifest_entries
 from rlhfkit.rl.colocation import Phases
-from rlhfkit.rl.group import ModelGroup
+from rlhfkit.rl.group import ModelGroup, Pending
 from rlhfkit.rl.make_experience import PromptStream
 from rlhfkit.rl.placement import Placement, collect_whereabouts, plan_placement
 from rlhfkit.rl.reward_group import RolloutRewards, model_specs, text_sources
@@ -41,10 +42,13 @@ from rlhfkit.rl.sync_check import SyncCheck
 from rlhfkit.rl.validate import validate_rl
 from rlhfkit.rl.vision_batch import VisionInputs, check_vision_model, image_column
 from rlhfkit.rl.weight_push import push_actor_weights
-from rlhfkit.rollout.remote import call_all, set_engine_hang_timeout, set_remote_call_timeout, wait_remote
+from rlhfkit.rl.worker import ModelWorker
+from rlhfkit.rollout.engine_api import RolloutEngine
+from rlhfkit.rollout.remote import RemoteActors, set_engine_hang_timeout, set_remote_call_timeout
 
 log = logging.getLogger("rlhfkit")
-InitCall = tuple[ModelGroup, tuple[Any, ...]]  # (group, (method, *args)): one group's model initialisation
+# (group, the model it loads, the start of its ranks' ModelWorker.init_model): one group's model initialisation
+InitCall = tuple[ModelGroup, str, Callable[[], Pending[list[int]]]]
 
 
 @dataclass
@@ -107,11 +111,14 @@ class RLSetup:
         best = getattr(self, "best", None)
         if best is not None:  # the best eval so far (this step's evaluation ran before the checkpoint)
             state["best_metric"] = best.state()
-        self.actor.call("save_checkpoint", f"{self.cfg.ckpt_path}/actor", step, state, self.cfg.max_ckpt_num)
+        self.actor.call(ModelWorker.save_checkpoint, f"{self.cfg.ckpt_path}/actor", step, state,
+                        self.cfg.max_ckpt_num)
         if self.critic is not None:
-            self.critic.call("save_checkpoint", f"{self.cfg.ckpt_path}/critic", step, state, self.cfg.max_ckpt_num)
+            self.critic.call(ModelWorker.save_checkpoint, f"{self.cfg.ckpt_path}/critic", step, state,
+                             self.cfg.max_ckpt_num)
         if self.cfg.save_hf_ckpt:
-            self.actor.call("save_hf", f"{self.cfg.ckpt_path}/actor/global_step{step}/hf", self.cfg.pretrain)
+            self.actor.call(ModelWorker.save_hf, f"{self.cfg.ckpt_path}/actor/global_step{step}/hf",
+                            need(self.cfg.pretrain, "--pretrain"))
 
     def close(self) -> None:
         """Free what this run created: model ranks, placement groups, its own engines, its own Ray cluster."""
@@ -172,22 +179,26 @@ def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: PPOConfig, total_updates: 
         return made[-1]
 
     actor = group("actor", "actor")
-    actor_lr = role_learning_rate(cfg, "actor")
-    pending: list[InitCall] = [(actor, ("init_model", cfg.pretrain, True, total_updates, actor_lr))]
+    init = ModelWorker.init_model
+    pretrain = need(cfg.pretrain, "--pretrain")
+    pending: list[InitCall] = [(actor, pretrain, partial(actor.call_async, init, pretrain, True, total_updates,
+                                                         role_learning_rate(cfg, "actor")))]
     ref = None
     if need_ref:
         ref = group("ref", "ref")
-        pending.append((ref, ("init_model", resolve_pretrain(reference_model(cfg)), False)))
+        ref_spec = resolve_pretrain(reference_model(cfg))
+        pending.append((ref, ref_spec, partial(ref.call_async, init, ref_spec, False)))
     critic = None
     if has_critic:
         critic = group("critic", "critic")
         critic_specs = reward_specs if critic_specs is None else critic_specs
-        init = cfg.critic_pretrain or (critic_specs[0] if critic_specs else cfg.pretrain)
-        pending.append((critic, ("init_model", init, True, total_updates, role_learning_rate(cfg, "critic"), True)))
+        critic_spec = cfg.critic_pretrain or (critic_specs[0] if critic_specs else pretrain)
+        pending.append((critic, critic_spec, partial(critic.call_async, init, critic_spec, True, total_updates,
+                                                     role_learning_rate(cfg, "critic"), True)))
     rewards = []
     for k, spec in enumerate(reward_specs):
         rewards.append(group("reward", f"reward{k}"))
-        pending.append((rewards[-1], ("init_model", spec, False, 1, 0.0, True, True)))
+        pending.append((rewards[-1], spec, partial(rewards[-1].call_async, init, spec, False, 1, 0.0, True, True)))
     actor.params = _init_all(pending)[0]
     return actor, ref, critic, rewards
 
@@ -195,16 +206,15 @@ def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: PPOConfig, total_updates: 
 def _init_all(pending: list[InitCall]) -> list[int]:
     """Initialise every group's model concurrently (the groups load in parallel, each rank set collectively);
     returns each group's parameter count."""
-    refs = [[getattr(w, args[0]).remote(*args[1:]) for w in g.workers] for g, args in pending]
+    started = [start() for _, _, start in pending]
     counts = []
-    for (g, args), group_refs in zip(pending, refs):
+    for (g, spec, _), calls in zip(pending, started):
         try:
-            counts.append(wait_remote(group_refs, role=g.role, method=args[0], handles=g.workers,
-                                      heartbeats=g.heartbeats)[0])
+            counts.append(calls.get()[0])
         except RemoteCallError:  # names the role, rank, node and method already
             raise
         except Exception as err:
-            raise RuntimeError(f"loading the {g.role} model {args[1]!r} failed: {err}") from err
+            raise RuntimeError(f"loading the {g.role} model {spec!r} failed: {err}") from err
     return counts
 
 
@@ -263,7 +273,7 @@ def resolve_run_lora_sync(cfg: PPOConfig, engines: list[Any]) -> None:
     from rlhfkit.launch.engine_spec import lora_sync_spec
     from rlhfkit.rollout.lora_sync import resolve_lora_sync
 
-    infos = call_all(engines, "weight_sync_info", role="engine")
+    infos = RemoteActors(engines, role="engine").call(RolloutEngine.weight_sync_info)
     cfg.lora_sync, reason = resolve_lora_sync(lora_sync_spec(cfg), infos)
     if cfg.lora_rank > 0:
         log.info("LoRA weight sync: %s (%s)", cfg.lora_sync, reason)
@@ -458,8 +468,8 @@ def _reward_name(s: RLSetup) -> str:
 
 def _threads_line(actor: ModelGroup, engines: list[Any]) -> str:
     """"actor 2, engines 2": torch threads per actor rank and per engine (Ray alone would give each 1 on CPU)."""
-    engine_threads = call_all(engines, "compute_threads", role="engine") if engines else []
-    return f"actor {','.join(map(str, sorted(set(actor.call('compute_threads')))))}, engines " + \
+    engine_threads = RemoteActors(engines, role="engine").call(RolloutEngine.compute_threads) if engines else []
+    return f"actor {','.join(map(str, sorted(set(actor.call(ModelWorker.compute_threads)))))}, engines " + \
         (",".join(map(str, sorted(set(engine_threads)))) or "none")
 
 
@@ -485,17 +495,19 @@ def _abandon(groups: list[ModelGroup], pgs: list[Any], engines: list[Any] | None
 
 
 def _resume(s: RLSetup) -> None:
-    states = s.actor.call("load_checkpoint", f"{s.cfg.ckpt_path}/actor")
+    states = s.actor.call(ModelWorker.load_checkpoint, f"{s.cfg.ckpt_path}/actor")
     if states[0] is None:
         log.info("--load_checkpoint: nothing in %s/actor, starting fresh", s.cfg.ckpt_path)
         return
+    critic_state: dict[str, Any] | None = None
     if s.critic is not None:
-        critic_states = s.critic.call("load_checkpoint", f"{s.cfg.ckpt_path}/critic")
+        critic_states = s.critic.call(ModelWorker.load_checkpoint, f"{s.cfg.ckpt_path}/critic")
         if critic_states[0] is None or critic_states[0]["step"] != states[0]["step"]:
             found = "nothing" if critic_states[0] is None else f"step {critic_states[0]['step']}"
             raise ConfigError(f"--load_checkpoint: {s.cfg.ckpt_path}/actor is at step {states[0]['step']} but "
                               f"{s.cfg.ckpt_path}/critic holds {found}; a PPO (gae) run resumes both. Copy the "
                               "critic checkpoint of the same step, or start fresh")
+        critic_state = critic_states[0]
     s.start_step, s.start_cursor = states[0]["step"], states[0]["cursor"]
     if s.ptx is not None:
         s.ptx.cursor = states[0].get("ptx_cursor", 0)
@@ -504,8 +516,8 @@ def _resume(s: RLSetup) -> None:
     if getattr(s, "best", None) is not None:
         s.best.load_state(states[0].get("best_metric"))
     notes = [f"actor {record_resume(s.cfg.run_dir, 'actor', states[0])}"]
-    if s.critic is not None:
-        notes.append(f"critic {record_resume(s.cfg.run_dir, 'critic', critic_states[0])}")
+    if critic_state is not None:
+        notes.append(f"critic {record_resume(s.cfg.run_dir, 'critic', critic_state)}")
     if s.engines:  # none in a replay
         push_actor_weights(s.actor, s.engines, s.cfg)
     log.info("resumed at step %d (prompt cursor %d; %s); engine weights synced", s.start_step, s.start_cursor,
@@ -513,8 +525,8 @@ def _resume(s: RLSetup) -> None:
 
 
 def save_final(s: RLSetup) -> None:
-    s.actor.call("save_hf", s.cfg.save_path, s.cfg.pretrain)
+    s.actor.call(ModelWorker.save_hf, s.cfg.save_path, need(s.cfg.pretrain, "--pretrain"))
     log.info("saved the policy to %s", s.cfg.save_path)
     if s.critic is not None and s.cfg.save_value_network:
-        s.critic.call("save_hf", f"{s.cfg.save_path}_critic", s.cfg.pretrain)
+        s.critic.call(ModelWorker.save_hf, f"{s.cfg.save_path}_critic", need(s.cfg.pretrain, "--pretrain"))
         log.info("saved the critic to %s_critic", s.cfg.save_path)

@@ -127,6 +127,7 @@ class SyncCheck:
     def check(self, actor: Any, engines: list[Any], when: str) -> dict[str, float]:
         """Score the probe on every engine and on the actor and `compare`. Returns sync/logprob_diff (the worst
         engine's mean diff), sync/logprob_diff_max (its largest token diff) and sync/logprob_bound."""
+        from rlhfkit.rl.worker import ModelWorker
         from rlhfkit.rollout.remote import wait_remote
 
         if self.off:
@@ -134,6 +135,6 @@ class SyncCheck:
         if not self.responses:
             self.sample_responses(engines[0])
         pending = [e.score.remote(self.prompts, self.responses) for e in engines]
-        trainer = actor.call("probe_log_probs", self.prompts, self.responses)[0]
+        trainer = actor.call(ModelWorker.probe_log_probs, self.prompts, self.responses)[0]
         scored = wait_remote(pending, role="engine", method="score", handles=engines)
         return self.compare(list(scored), trainer, when)

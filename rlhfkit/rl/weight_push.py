@@ -22,6 +22,7 @@ from typing import Any
 from rlhfkit.config.commands import PPOConfig
 from rlhfkit.rl.group import ModelGroup
 from rlhfkit.rl.vision_batch import keeps_vision_tower
+from rlhfkit.rl.worker import ModelWorker
 from rlhfkit.rollout.types import SyncStats
 from rlhfkit.rollout.weight_sync import sync_weights
 
@@ -33,9 +34,10 @@ def push_actor_weights(actor: ModelGroup, engines: list[Any], cfg: PPOConfig) ->
     backend = cfg.vllm_sync_backend
     adapter = cfg.lora_sync == "adapter"
     if backend == "ray":
-        state = next(sd for sd in actor.call("state_dict_for_sync", adapter) if sd is not None)
-        lora_config = actor.call("lora_config")[0] if adapter else None
+        state = next(sd for sd in actor.call(ModelWorker.state_dict_for_sync, adapter) if sd is not None)
+        lora_config = actor.call(ModelWorker.lora_config)[0] if adapter else None
         return sync_weights(engines, state.items(), bucket_bytes=bucket_bytes, lora_config=lora_config,
                             keep_vision_tower=keeps_vision_tower(cfg))
-    actor.call("join_weight_group", engines, backend)  # builds the group on the first sync, then reuses it
-    return next(stats for stats in actor.call("broadcast_weights", bucket_bytes, adapter) if stats is not None)
+    actor.call(ModelWorker.join_weight_group, engines, backend)  # builds the group on the first sync, then reuses it
+    stats = actor.call(ModelWorker.broadcast_weights, bucket_bytes, adapter)
+    return next(s for s in stats if s is not None)

@@ -29,20 +29,14 @@ from rlhfkit.engine.distributed import init_distributed
 from rlhfkit.engine.ema import resolved_ema_beta
 from rlhfkit.engine.fsdp import shard_model
 from rlhfkit.engine.train_engine import TrainEngine
-from rlhfkit.models.logprobs import SamplingTruncation, log_probs_from_logits, shifted_log_probs_and_entropy
+from rlhfkit.models.logprobs import SamplingTruncation
 from rlhfkit.models.positions import position_ids
-from rlhfkit.rl.experience import sort_rows_by_length, sort_rows_by_prompt, trim_padding
+from rlhfkit.rl.experience import trim_padding
+from rlhfkit.rl.forward import ForwardStrategy, LogProbs, forward_strategy
 from rlhfkit.rl.micro_batch import micro_batches, pad_to, rollout_budget
-from rlhfkit.rl.packing import (
-    PackedRollout,
-    pack_rollout,
-    pack_scored_rows,
-    packed_response_log_probs,
-    packed_scalar_outputs,
-)
 from rlhfkit.rl.policy_step import accumulate, dump_entry, has_active_dropout, policy_dump_entry, policy_loss
-from rlhfkit.rl.ring import ring_packed_log_probs, ring_response_log_probs, setup_worker_ring
-from rlhfkit.rl.vision_batch import is_vision_language, keeps_vision_tower, load_vlm_for_role, pixel_inputs
+from rlhfkit.rl.ring import setup_worker_ring
+from rlhfkit.rl.vision_batch import is_vision_language, keeps_vision_tower, load_vlm_for_role
 from rlhfkit.rl.worker_weights import drain, engine_dtype, move_optimizer_state, weights_for_engines
 from rlhfkit.rollout.types import SyncStats
 
@@ -70,6 +64,7 @@ class ModelWorker:
     on the process's main thread."""
 
     model: torch.nn.Module  # set by init_model
+    forward: ForwardStrategy  # how the model runs over a micro-batch: chosen once by init_model (rl/forward.py)
 
     def __init__(self, role: str, cfg: PPOConfig, rank: int, world_size: int, master_addr: str,
                  master_port: int, cpu_threads_share: int = 0, heartbeat_board: Any = None) -> None:
@@ -113,6 +108,7 @@ class ModelWorker:
 
         attn = self.cfg.attn_implementation
         model: torch.nn.Module
+        vision = False
         if scalar_head or reward_model:
             with torch.random.fork_rng(devices=[]):  # a fresh critic head: the same on every rank, whatever its count
                 torch.manual_seed(self.cfg.seed)
@@ -126,11 +122,14 @@ class ModelWorker:
                                   "LoRA adapters on them (QLoRA)")
             from rlhfkit.engine.fsdp import compute_dtype
 
-            if is_vision_language(pretrain):  # --image_key runs (rl/vision_batch.py)
+            vision = is_vision_language(pretrain)
+            if vision:  # --image_key runs (rl/vision_batch.py)
                 model = load_vlm_for_role(pretrain, attn, trainable, self.cfg)
             else:
                 model = load_causal_lm(pretrain, attn_implementation=attn, load_in_4bit=quantized,
                                        compute_dtype=compute_dtype(self.cfg.param_dtype, self.dist.device))
+        self.forward = forward_strategy(self.cfg, ring=self.ring, vision=vision, truncation=self.truncation,
+                                        mask_dtype=self._mask_dtype())
         if reward_model and self.cfg.normalize_reward:
             from rlhfkit.rewards.reward_model import reward_stats
 
@@ -215,34 +214,14 @@ class ModelWorker:
         return {k: v.to(self.dist.device) for k, v in batch.items()}
 
     # ----------------------------------------------------------------- forward passes
-    def _pack(self, mb: dict[str, torch.Tensor]) -> PackedRollout:
-        return pack_rollout(mb["sequences"], mb["attention_mask"], mb["action_mask"].shape[1])
-
     def _mask_dtype(self) -> torch.dtype:
         """The packed row's additive mask is in the compute dtype (sdpa takes no other)."""
         from rlhfkit.engine.fsdp import compute_dtype
 
         return compute_dtype(self.cfg.param_dtype, self.dist.device)
 
-    def _action_log_probs(self, mb: dict[str, torch.Tensor], with_entropy: bool = False):
-        seq, mask = mb["sequences"], mb["attention_mask"]
-        width = mb["action_mask"].shape[1]
-        truncation = self.truncation
-        if self.ring is not None and self.cfg.packing_samples:  # --ring_attn_size: rl/ring.py
-            return ring_packed_log_probs(self.model, self._pack(mb), self.cfg.temperature, self.ring, with_entropy,
-                                         truncation=truncation)
-        if self.ring is not None:
-            return ring_response_log_probs(self.model, seq, mask, width, self.cfg.temperature, self.ring, with_entropy,
-                                           truncation=truncation)
-        if self.cfg.packing_samples:  # one packed row, each shared prompt once (rl/packing.py)
-            return packed_response_log_probs(self.model, self._pack(mb), self.cfg.temperature,
-                                             mask_dtype=self._mask_dtype(), with_entropy=with_entropy,
-                                             truncation=truncation)
-        # Only the positions that predict response tokens need the (vocab-sized) LM head.
-        logits = self.model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask),
-                            logits_to_keep=width + 1, **pixel_inputs(mb)).logits
-        return shifted_log_probs_and_entropy(logits, seq, width, self.cfg.temperature, truncation=truncation,
-                                             with_entropy=with_entropy)
+    def _action_log_probs(self, mb: dict[str, torch.Tensor], with_entropy: bool = False) -> LogProbs:
+        return self.forward.action_log_probs(self.model, mb, with_entropy)
 
     @torch.no_grad()
     def log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -265,44 +244,23 @@ class ModelWorker:
             for prompt_ids, response_ids in zip(prompts, responses, strict=True):
                 seq = torch.tensor([list(prompt_ids) + list(response_ids)], device=self.dist.device)
                 mask = torch.ones_like(seq)
-                if self.ring is not None:
-                    scores.append(ring_response_log_probs(self.model, seq, mask, len(response_ids), 1.0,
-                                                          self.ring)[0][0].cpu().tolist())
-                    continue
-                logits = self.model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask),
-                                    logits_to_keep=len(response_ids) + 1).logits
-                scores.append(log_probs_from_logits(logits[:, :-1].float(),
-                                                    seq[:, -len(response_ids):])[0].cpu().tolist())
+                scores.append(self.forward.probe_log_probs(self.model, seq, mask, len(response_ids)).cpu().tolist())
         return scores
 
     @torch.no_grad()
     def rewards(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Reward model: the `score` head at the last real token of each row (`sequences` / `attention_mask`, any
         padding side), normalised with the stored statistics under --normalize_reward. Float32 [B]."""
-        from rlhfkit.models.loading import scalar_outputs
-
         self.model.eval()
         out = []
         with self._frozen_on_device():
             for mb in micro_batches(batch, self.cfg.micro_rollout_batch_size, rollout_budget(self.cfg)):
-                mb = self._to_device(mb)
-                if self.cfg.packing_samples:
-                    packed = pack_scored_rows(mb["sequences"], mb["attention_mask"], mb["prompt_lengths"])
-                    last, _ = packed_scalar_outputs(self.model, packed, mask_dtype=self._mask_dtype())
-                else:
-                    last, _ = scalar_outputs(self.model, mb["sequences"], mb["attention_mask"])
+                last = self.forward.rewards(self.model, self._to_device(mb))
                 out.append(((last.float() - self.reward_mean) / self.reward_std).cpu())
         return torch.cat(out)
 
     def _values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        from rlhfkit.models.loading import scalar_outputs
-
-        width = mb["action_mask"].shape[1]
-        if self.cfg.packing_samples:
-            return packed_scalar_outputs(self.model, self._pack(mb), mask_dtype=self._mask_dtype())[1]
-        _, token_values = scalar_outputs(self.model, mb["sequences"], mb["attention_mask"])
-        # The value of the state before response token t is read at the position that predicts it.
-        return token_values[:, -width - 1:-1].float()
+        return self.forward.values(self.model, mb)
 
     @torch.no_grad()
     def values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -337,8 +295,8 @@ class ModelWorker:
         budget = cfg.train_max_tokens_per_gpu if cfg.use_dynamic_batch else None
         router = engine.aux_loss  # --aux_loss_coef on an MoE actor: the router load-balancing loss
         # Packed micro-batches keep a prompt's samples together (its tokens are computed once); padded ones are
-        # sorted by length so trim_padding cuts more.
-        ordered = sort_rows_by_prompt(shard) if cfg.packing_samples else sort_rows_by_length(shard)
+        # sorted by length so trim_padding cuts more (the strategy's order).
+        ordered = self.forward.order(shard)
         batches = list(micro_batches(ordered, cfg.micro_train_batch_size, budget))
         for mb in batches:
             mb = self._to_device(trim_padding(mb))
@@ -426,7 +384,7 @@ class ModelWorker:
         self.model.train()
         sums: dict[str, float] = {}
         dump: list[dict[str, Any]] | None = [] if "row_index" in shard else None  # --debug_dump_steps
-        ordered = sort_rows_by_prompt(shard) if cfg.packing_samples else sort_rows_by_length(shard)
+        ordered = self.forward.order(shard)
         for mb in micro_batches(ordered, cfg.micro_train_batch_size):
             mb = self._to_device(trim_padding(mb))
             values = self._values(mb)

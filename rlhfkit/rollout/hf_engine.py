@@ -15,7 +15,8 @@ from typing import Any
 import ray
 import torch
 
-from rlhfkit.rollout.remote import LIVENESS_GROUP, call_all, engine_actor_class
+from rlhfkit.rollout.engine_api import RolloutEngine
+from rlhfkit.rollout.remote import LIVENESS_GROUP, RemoteActors, engine_actor_class
 from rlhfkit.rollout.types import FinishReason, NamedTensors, RolloutSample, SamplingConfig
 from rlhfkit.rollout.weight_broadcast import WeightGroupSlot
 
@@ -219,6 +220,7 @@ def create_hf_engines(
         log_path = os.path.join(log_dir, f"engine{k}.log") if log_dir else None
         engines.append(engine_cls.options(**options).remote(pretrain_path, dtype=dtype, cpu_threads_share=num_engines,
                                                             log_path=log_path))
-    call_all(engines, "ready", role="engine", ranks=list(range(num_engines)) if indices is None else list(indices),
-             hang_timeout_s=0)  # no probes: an actor answers nothing, ping included, until its __init__ returns
+    RemoteActors(engines, role="engine", ranks=list(range(num_engines)) if indices is None else list(indices),
+                 hang_timeout_s=0).call(RolloutEngine.ready)  # no probes: an actor answers nothing, ping included,
+    # until its __init__ returns
     return engines

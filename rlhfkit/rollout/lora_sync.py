@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from rlhfkit.errors import ConfigError
-from rlhfkit.rollout.remote import call_all
+from rlhfkit.rollout.engine_api import RolloutEngine
+from rlhfkit.rollout.remote import RemoteActors
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's allowed --max_lora_rank values
 LORA_SYNC_MODES = ("auto", "adapter", "merged")
@@ -145,14 +146,19 @@ def begin_update(engines: Sequence[Any], lora_config: dict[str, Any] | None, tim
                  keep_vision_tower: bool = False) -> None:
     """Put every engine in update mode: full weights (`lora_config` None) or a LoRA adapter. `keep_vision_tower`:
     full weights without the frozen vision tower (vLLM engines; rlhfkit.models.vision)."""
-    method = "begin_weight_update" if lora_config is None else "begin_lora_update"
-    args = (True,) if keep_vision_tower else ()
-    call_all(engines, method, *args, role="engine", timeout_s=timeout_s)
+    actors = RemoteActors(engines, role="engine", timeout_s=timeout_s)
+    if lora_config is not None:
+        actors.call(RolloutEngine.begin_lora_update)
+    elif keep_vision_tower:  # vLLM engines only take the argument
+        actors.call(RolloutEngine.begin_weight_update, True)
+    else:
+        actors.call(RolloutEngine.begin_weight_update)
 
 
 def finish_update(engines: Sequence[Any], lora_config: dict[str, Any] | None, timeout_s: float | None = None) -> None:
     """End the update `begin_update` started (an adapter update hands the engines its peft config)."""
+    actors = RemoteActors(engines, role="engine", timeout_s=timeout_s)
     if lora_config is None:
-        call_all(engines, "finish_weight_update", role="engine", timeout_s=timeout_s)
+        actors.call(RolloutEngine.finish_weight_update)
     else:
-        call_all(engines, "finish_lora_update", lora_config, role="engine", timeout_s=timeout_s)
+        actors.call(RolloutEngine.finish_lora_update, lora_config)

@@ -21,13 +21,18 @@ run handles as a dead engine (`rlhfkit.rl.engine_faults`). The driver sets the t
 Model-group ranks compute on their main thread and cannot answer a probe mid-step: they send heartbeats from a
 thread of their own instead (`rlhfkit.rollout.heartbeat`), and a wait given `heartbeats=` names a rank silent for
 `--trainer_hang_timeout` seconds (default 60) hung (`RemoteActorHung`), after killing it.
+
+Typed calls: a remote method is named by the method itself, never by a string: `RemoteActors(engines,
+role="engine").call(RolloutEngine.ping)` (`rlhfkit.rollout.engine_api.RolloutEngine`, the engines' interface), or
+`ModelGroup.call(ModelWorker.save_hf, path, spec)` (`rlhfkit.rl.group`); mypy checks the arguments against the
+method's signature and types the results (`list[R]`). `method_name` resolves the name Ray dispatches on.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from rlhfkit.errors import RemoteActorDied, RemoteActorHung, RemoteCallError, RemoteCallTimeout
 from rlhfkit.rollout.heartbeat import HeartbeatCheck, Heartbeats
@@ -44,6 +49,63 @@ LIVENESS_GROUP = "liveness"  # the engines' concurrency group serving `ping` (se
 ENGINE_CONCURRENCY_GROUPS = {LIVENESS_GROUP: 1}  # what engine_actor_class declares
 _timeout_s = DEFAULT_REMOTE_CALL_TIMEOUT_S
 _hang_timeout_s = DEFAULT_ENGINE_HANG_TIMEOUT_S
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+RemoteMethod = Callable[..., Any] | str  # a method of the callee's class; a name only in deprecated call sites
+
+
+def method_name(method: RemoteMethod) -> str:
+    """The name Ray dispatches a call on: the method's own name (`ModelWorker.save_hf` -> "save_hf"). A string is
+    taken as it is (deprecated: the string form is kept only until the last call sites by name are converted)."""
+    if isinstance(method, str):
+        return method
+    name = getattr(method, "__name__", None)
+    if not isinstance(name, str) or not callable(method):
+        raise TypeError(f"a remote call needs a method of the callee's class (e.g. ModelWorker.save_hf), got "
+                        f"{method!r}")
+    return name
+
+
+class RemoteActors:
+    """Ray actor handles of one role, called by typed method: `call(Cls.method, *args, **kwargs)` runs
+    `method(*args, **kwargs)` on every actor (waited with `wait_remote`: the deadline, dead and hung callees named)
+    and returns every actor's result, typed `list[R]` from the method's return type."""
+
+    def __init__(self, handles: Sequence[Any], *, role: str, ranks: Sequence[int] | None = None,
+                 timeout_s: float | None = None, hang_timeout_s: float | None = None,
+                 heartbeats: Heartbeats | None = None) -> None:
+        self.handles, self.role, self.ranks = list(handles), role, ranks
+        self.timeout_s, self.hang_timeout_s, self.heartbeats = timeout_s, hang_timeout_s, heartbeats
+
+    def call(self, method: Callable[Concatenate[Any, P], R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
+        return self._call(method, *args, **kwargs)
+
+    def _call(self, method: RemoteMethod, *args: Any, **kwargs: Any) -> list[Any]:
+        name = method_name(method)
+        refs = [getattr(h, name).remote(*args, **kwargs) for h in self.handles]
+        return wait_remote(refs, role=self.role, method=name, handles=self.handles, ranks=self.ranks,
+                           timeout_s=self.timeout_s, hang_timeout_s=self.hang_timeout_s, heartbeats=self.heartbeats)
+
+
+class Pending(Generic[T]):
+    """Results of calls already sent to actors; `get()` waits (with the deadline, naming the callee on a timeout, a
+    dead or a hung rank: `wait_remote`) and assembles them. `callees`: (role, method, worker handles), one handle
+    per ref; `heartbeats`: the ranks' heartbeat check (e.g. ModelGroup.heartbeats)."""
+
+    def __init__(self, refs: list[Any], assemble: Callable[[list[Any]], T],
+                 callees: tuple[str, str, list[Any]] | None = None, heartbeats: Heartbeats | None = None) -> None:
+        self.refs, self.assemble, self.callees, self.heartbeats = refs, assemble, callees, heartbeats
+
+    def get(self) -> T:
+        import ray
+
+        if self.callees is None:
+            return self.assemble(ray.get(self.refs))
+        role, method, handles = self.callees
+        return self.assemble(wait_remote(self.refs, role=role, method=method, handles=handles,
+                                         heartbeats=self.heartbeats))
 
 
 def set_remote_call_timeout(seconds: float) -> None:
@@ -264,13 +326,13 @@ def _raise_dead_peer(err: BaseException, refs: list[Any], failed: int, role: str
                 pass
 
 
-def call_all(handles: Sequence[Any], method: str, *args: Any, role: str, ranks: Sequence[int] | None = None,
+def call_all(handles: Sequence[Any], method: RemoteMethod, *args: Any, role: str, ranks: Sequence[int] | None = None,
              timeout_s: float | None = None, hang_timeout_s: float | None = None,
              heartbeats: Heartbeats | None = None, **kwargs: Any) -> list[Any]:
-    """`method(*args, **kwargs)` on every actor in `handles`, waited with `wait_remote`."""
-    refs = [getattr(h, method).remote(*args, **kwargs) for h in handles]
-    return wait_remote(refs, role=role, method=method, handles=handles, ranks=ranks, timeout_s=timeout_s,
-                       hang_timeout_s=hang_timeout_s, heartbeats=heartbeats)
+    """Deprecated (untyped: use `RemoteActors(handles, role=...).call(Cls.method, ...)`): `method(*args, **kwargs)`
+    on every actor in `handles`, waited with `wait_remote`. Kept for call sites not converted yet."""
+    return RemoteActors(handles, role=role, ranks=ranks, timeout_s=timeout_s, hang_timeout_s=hang_timeout_s,
+                        heartbeats=heartbeats)._call(method, *args, **kwargs)
 
 
 def ping_engines(engines: Sequence[Any], timeout_s: float | None = None) -> None:
@@ -278,10 +340,12 @@ def ping_engines(engines: Sequence[Any], timeout_s: float | None = None) -> None
     in flight, e.g. a generation ahead with --async_train), with a short deadline (dead or hung: `RemoteCallError`)."""
     if timeout_s is None:
         timeout_s = min(HEALTH_CHECK_TIMEOUT_S, remote_call_timeout())
-    call_all(engines, "ping", role="engine", timeout_s=timeout_s)
+    from rlhfkit.rollout.engine_api import RolloutEngine
+
+    RemoteActors(engines, role="engine", timeout_s=timeout_s).call(RolloutEngine.ping)
 
 
-__all__ = ["ENGINE_CONCURRENCY_GROUPS", "LIVENESS_GROUP", "LivenessProbes", "RemoteActorDied", "RemoteActorHung",
-           "RemoteCallError", "RemoteCallTimeout", "actor_node", "call_all", "engine_actor_class",
-           "engine_hang_timeout", "ping_engines", "remote_call_timeout", "set_engine_hang_timeout",
-           "set_remote_call_timeout", "wait_remote"]
+__all__ = ["ENGINE_CONCURRENCY_GROUPS", "LIVENESS_GROUP", "LivenessProbes", "Pending", "RemoteActorDied",
+           "RemoteActorHung", "RemoteActors", "RemoteCallError", "RemoteCallTimeout", "RemoteMethod", "actor_node",
+           "call_all", "engine_actor_class", "engine_hang_timeout", "method_name", "ping_engines",
+           "remote_call_timeout", "set_engine_hang_timeout", "set_remote_call_timeout", "wait_remote"]

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
 import ray
 
-from rlhfkit.rollout.remote import LIVENESS_GROUP, call_all, engine_actor_class
+from rlhfkit.rollout.engine_api import RolloutEngine
+from rlhfkit.rollout.remote import LIVENESS_GROUP, RemoteActors, engine_actor_class
 from rlhfkit.rollout.types import FinishReason, NamedTensors, RolloutSample, SamplingConfig
 
 if TYPE_CHECKING:
@@ -449,8 +450,9 @@ def create_vllm_engines(
                 max_lora_rank=max_lora_rank,
             )
         )
-    call_all(engines, "ready", role="engine", ranks=list(range(num_engines)) if indices is None else list(indices),
-             hang_timeout_s=0)  # no probes: an actor answers nothing, ping included, until its __init__ returns
+    RemoteActors(engines, role="engine", ranks=list(range(num_engines)) if indices is None else list(indices),
+                 hang_timeout_s=0).call(RolloutEngine.ready)  # no probes: an actor answers nothing, ping included,
+    # until its __init__ returns
     return engines
 
 

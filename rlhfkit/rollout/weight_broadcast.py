@@ -25,8 +25,9 @@ import torch
 import torch.distributed as dist
 
 from rlhfkit.rollout.buckets import DEFAULT_BUCKET_BYTES, iter_buckets
+from rlhfkit.rollout.engine_api import RolloutEngine
 from rlhfkit.rollout.lora_sync import begin_update, finish_update
-from rlhfkit.rollout.remote import call_all, remote_call_timeout, wait_remote
+from rlhfkit.rollout.remote import RemoteActors, remote_call_timeout, wait_remote
 from rlhfkit.rollout.types import NamedTensors, SyncStats
 
 BROADCAST_BACKENDS = ("gloo", "nccl")
@@ -188,7 +189,7 @@ class WeightBroadcaster:
         if not engines:
             raise ValueError("WeightBroadcaster needs at least one engine")
         self.timeout_s = timeout_s = remote_call_timeout() if timeout_s is None else timeout_s
-        infos = call_all(engines, "weight_sync_info", role="engine", timeout_s=timeout_s)
+        infos = RemoteActors(engines, role="engine", timeout_s=timeout_s).call(RolloutEngine.weight_sync_info)
         if backend == "nccl" and not all(info["cuda"] for info in infos):
             check_backend(backend, cuda=False)
         self.engines, self.backend = list(engines), backend
@@ -276,7 +277,8 @@ class WeightBroadcaster:
         if self.group is None:
             return
         try:
-            call_all(self.engines, "leave_weight_group", role="engine", timeout_s=min(self.timeout_s, 30.0))
+            RemoteActors(self.engines, role="engine", timeout_s=min(self.timeout_s, 30.0)).call(
+                RolloutEngine.leave_weight_group)
         except RemoteCallError:
             self._drop(abort=True)
             return

@@ -28,8 +28,9 @@ from typing import Any
 import torch
 
 from rlhfkit.rollout.buckets import DEFAULT_BUCKET_BYTES, iter_buckets
+from rlhfkit.rollout.engine_api import RolloutEngine
 from rlhfkit.rollout.lora_sync import begin_update, finish_update
-from rlhfkit.rollout.remote import call_all
+from rlhfkit.rollout.remote import RemoteActors
 from rlhfkit.rollout.types import SyncStats
 
 TRANSPORTS = ("ray", "gloo", "nccl")
@@ -78,8 +79,8 @@ def sync_weights(
     begin_update(engines, lora_config, keep_vision_tower=keep_vision_tower)
     total_bytes = buckets = tensors = 0
     for bucket in iter_buckets(named_tensors, bucket_bytes):
-        ref = ray.put(bucket)
-        call_all(engines, "load_weight_bucket", ref, role="engine")
+        ref: Any = ray.put(bucket)  # a top-level ObjectRef argument: Ray hands each engine the bucket itself
+        RemoteActors(engines, role="engine").call(RolloutEngine.load_weight_bucket, ref)
         del ref
         buckets += 1
         tensors += len(bucket)

@@ -180,8 +180,8 @@ def test_checkpoint_and_save_flags_direct_the_workers():
         def __init__(self, role):
             self.role = role
 
-        def call(self, method, *args):
-            calls.append((self.role, method, *args))
+        def call(self, method, *args):  # a ModelWorker method, as ModelGroup.call takes it
+            calls.append((self.role, method.__name__, *args))
 
     cfg = ppo_cfg(pretrain="base", ckpt_path="/c", max_ckpt_num=2, save_hf_ckpt=True, save_path="/out",
                   save_value_network=True)

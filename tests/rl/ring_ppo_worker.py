@@ -16,6 +16,7 @@ import torch
 from rlhfkit.cli.ppo import GROUPS
 from rlhfkit.config.parse import flags_to_argv, parse_config
 from rlhfkit.rl.experience import build_experience
+from rlhfkit.rl.forward import forward_strategy
 from rlhfkit.rl.worker import ModelWorker
 
 # shared prompts (packed: computed once), an empty response, uneven lengths: 32 packed tokens, odd padded widths
@@ -102,6 +103,9 @@ def main() -> None:
     for layout in ("padded", "packed"):
         for w in (*workers.values(), *([scorer] if scorer else [])):
             w.cfg.packing_samples = layout == "packed"
+            # a worker picks its forward strategy once, at init_model: pick it again for this layout (rl/forward.py)
+            w.forward = forward_strategy(w.cfg, ring=w.ring, vision=False, truncation=w.truncation,
+                                         mask_dtype=w.forward.mask_dtype)
         data = batch()
         data["ref_log_probs"] = workers["ref"].log_probs(data)
         result = {"log_probs": workers["actor"].log_probs(data), "ref_log_probs": data["ref_log_probs"],

@@ -9,6 +9,7 @@ from ray.util.placement_group import remove_placement_group
 from rlhfkit.config.parse import parse_config
 from rlhfkit.engine import cpu_threads
 from rlhfkit.rl.group import ModelGroup, make_placement_group
+from rlhfkit.rl.worker import ModelWorker
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +33,7 @@ def test_ray_alone_gives_one_thread_and_the_workers_take_the_cores(ray_cluster):
         pg = make_placement_group(1, ranks, 1.0)
         group = ModelGroup("actor", cfg, pg, ranks)
         try:
-            assert group.call("compute_threads") == [expected] * ranks, (ranks, requested)
+            assert group.call(ModelWorker.compute_threads) == [expected] * ranks, (ranks, requested)
         finally:
             group.shutdown()
             remove_placement_group(pg)

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from rlhfkit.errors import RemoteActorDied, RemoteCallTimeout
+from rlhfkit.rl.worker import ModelWorker
 from rlhfkit.rollout import remote
 from rlhfkit.rollout.types import SamplingConfig
 
@@ -133,18 +134,18 @@ def test_hung_then_dead_trainer_rank_is_named(ray_cluster, short_deadline):
     pg = make_placement_group(1, 1, 0.5)
     group = ModelGroup("critic", parse_config("ppo", None, ["--verbose"]), pg, 1)
     try:
-        [pid] = [w["pid"] for w in group.call("whereabouts")]
+        [pid] = [w["pid"] for w in group.call(ModelWorker.whereabouts)]
         short_deadline()
         os.kill(pid, signal.SIGSTOP)
         try:
-            err, took = _timed(group.call, "compute_threads")
+            err, took = _timed(group.call, ModelWorker.compute_threads)
             assert isinstance(err, RemoteCallTimeout) and err.role == "critic" and err.ranks == [0]
             _named(err, "compute_threads on critic rank 0")
             assert DEADLINE_S <= took < DEADLINE_S + SLACK_S
         finally:
             os.kill(pid, signal.SIGCONT)
         _kill(ray_cluster, group.workers[0])
-        err, took = _timed(group.call, "compute_threads")
+        err, took = _timed(group.call, ModelWorker.compute_threads)
         assert isinstance(err, RemoteActorDied) and err.ranks == [0] and took < SLACK_S
         _named(err, "compute_threads on critic rank 0")
     finally:

@@ -21,6 +21,7 @@ from rlhfkit.config.parse import flags_to_argv, parse_config
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
 from rlhfkit.errors import RemoteActorDied
 from rlhfkit.rl import ppo_trainer
+from rlhfkit.rl.worker import ModelWorker
 
 HERE = Path(__file__).parent
 # The per-step metrics a fault must not change: every rollout/, train/ and sync/ metric (rewards, lengths, losses,
@@ -132,14 +133,15 @@ def test_killed_trainer_rank_stops_the_run_at_once_and_the_checkpoint_finishes_i
     --load_checkpoint from step 1's checkpoint runs steps 2-3 to the uninterrupted run's metrics."""
     from rlhfkit.rl.group import Pending
     from rlhfkit.rl.setup import RLSetup
-    from rlhfkit.rollout.remote import call_all
+    from rlhfkit.rollout.remote import RemoteActors
 
     flags = run_flags(tmp_path, pretrain=tiny_model_dir, save_steps=1)
     seen: dict = {}
 
     def inject(s, step, when):
         if (step, when) == (2, "after health check"):
-            [seen["survivor"], seen["victim"]] = call_all(s.actor.workers, "whereabouts", role="actor")
+            actor = RemoteActors(s.actor.workers, role="actor")
+            [seen["survivor"], seen["victim"]] = actor.call(ModelWorker.whereabouts)
             ray_cluster.kill(s.actor.workers[1])
             seen["killed_at"] = time.monotonic()
 

@@ -22,6 +22,7 @@ from rlhfkit.rl.colocation import Phases
 from rlhfkit.rl.reward_group import reward_batch
 from rlhfkit.rl.setup import _check_reward_tokenizers, _resume
 from rlhfkit.rl.validate import validate_rl
+from rlhfkit.rl.worker import ModelWorker
 from rlhfkit.rollout.types import RolloutSample
 
 HERE = Path(__file__).parent
@@ -244,8 +245,8 @@ def test_reward_group_reads_the_last_token_like_the_reward_model_source(ray_clus
     pg = make_placement_group(1, 1, 1.0)
     group = ModelGroup("reward", cfg, pg, 1)
     try:
-        group.call("init_model", reward_model, False, 1, 0.0, True, True)
-        got = group.map_rows("rewards", batch)
+        group.call(ModelWorker.init_model, reward_model, False, 1, 0.0, True, True)
+        got = group.map_rows(ModelWorker.rewards, batch)
     finally:
         group.shutdown()
         from ray.util.placement_group import remove_placement_group
@@ -291,8 +292,8 @@ class _Trainers:
     def __init__(self, log: list[str]) -> None:
         self.log = log
 
-    def call(self, method: str) -> None:
-        self.log.append(method)
+    def call(self, method) -> None:  # a ModelWorker method, as ModelGroup.call takes it
+        self.log.append(method.__name__)
 
 
 def test_phases_order_sleep_and_offload_around_generation(ray_cluster, caplog):

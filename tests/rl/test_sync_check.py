@@ -19,6 +19,7 @@ from rlhfkit.rl.sync_check import (
     SyncCheck,
     bound_for,
 )
+from rlhfkit.rl.worker import ModelWorker
 
 
 @pytest.mark.parametrize(("trainer", "engine", "start_diff", "bound"), [
@@ -50,7 +51,7 @@ class _Scores:
         self.score = SimpleNamespace(remote=lambda prompts, responses: self.scores)
 
     def call(self, method, prompts, responses):
-        assert method == "probe_log_probs"
+        assert method is ModelWorker.probe_log_probs
         return [self.scores]
 
 

@@ -24,6 +24,7 @@ from test_engine_faults import metrics_rows, run_flags
 from rlhfkit.config.parse import flags_to_argv, parse_config
 from rlhfkit.errors import RemoteActorHung
 from rlhfkit.rl import ppo_trainer
+from rlhfkit.rl.worker import ModelWorker
 from rlhfkit.rollout import heartbeat, remote
 
 SLACK_S = 4.0  # Ray's own round trips on a loaded 2-core machine
@@ -53,7 +54,7 @@ def reference_rank(ray_cluster, tiny_model_dir):
                                          "--micro_rollout_batch_size", "8"])
         group = ModelGroup("ref", cfg, pg, 1)
         made.append((group, pg))
-        group.call("init_model", tiny_model_dir, False)
+        group.call(ModelWorker.init_model, tiny_model_dir, False)
         return group
 
     yield make
@@ -86,9 +87,9 @@ def test_rank_stopped_inside_a_call_is_named_hung_and_killed_within_the_hang_tim
     within 2 s + one beat interval (0.5 s) + one board query (0.5 s) of the stop (+ slack), not at the deadline,
     and the stopped process is killed."""
     group = reference_rank(2.0)
-    [where] = group.call("whereabouts")
+    [where] = group.call(ModelWorker.whereabouts)
     remote.set_remote_call_timeout(600.0)
-    pending = group.map_rows_async("log_probs", long_batch(512))
+    pending = group.map_rows_async(ModelWorker.log_probs, long_batch(512))
     time.sleep(1.0)
     os.kill(where["pid"], signal.SIGSTOP)
     stopped = time.monotonic()
@@ -126,10 +127,10 @@ def test_long_call_on_a_live_rank_outlasts_the_hang_timeout(reference_rank, proc
 
     monkeypatch.setattr(heartbeat.HeartbeatCheck, "check", check)
     group = reference_rank(3.0)
-    assert group.call("compute_threads")  # the rank is up (and beating)
+    assert group.call(ModelWorker.compute_threads)  # the rank is up (and beating)
     batch = long_batch(384)  # 192 rows took 5.1 s on a quiet machine (AMD EPYC Zen 5): too short for 2 timeouts
     began = time.monotonic()
-    out = group.map_rows("log_probs", batch)
+    out = group.map_rows(ModelWorker.log_probs, batch)
     took = time.monotonic() - began
     assert out.shape == (384, 96) and torch.isfinite(out).all() and (out < 0).all()
     assert took > 2 * 3.0, f"the call took {took:.2f} s: too short to show anything"
@@ -158,7 +159,7 @@ def test_actor_rank_stopped_mid_run_stops_it_within_120_s_with_default_flags(ray
     stop, kills it, and the run stops with that error within 120 s of the stop; rank 0 (its peer gone) and the
     stopped process are both gone after the run's clean-up."""
     from rlhfkit.rl.setup import RLSetup
-    from rlhfkit.rollout.remote import call_all
+    from rlhfkit.rollout.remote import RemoteActors
 
     flags = run_flags(tmp_path, pretrain=tiny_model_dir)
     del flags["remote_call_timeout"]  # the default, 1800 s
@@ -166,7 +167,8 @@ def test_actor_rank_stopped_mid_run_stops_it_within_120_s_with_default_flags(ray
 
     def inject(s, step, when):
         if (step, when) == (2, "after health check"):
-            [seen["survivor"], seen["victim"]] = call_all(s.actor.workers, "whereabouts", role="actor")
+            actor = RemoteActors(s.actor.workers, role="actor")
+            [seen["survivor"], seen["victim"]] = actor.call(ModelWorker.whereabouts)
             os.kill(seen["victim"]["pid"], signal.SIGSTOP)
             seen["stopped_at"] = time.monotonic()
 

@@ -67,6 +67,7 @@ def test_packing_samples_forwards_one_packed_row_with_the_padded_log_probs(worke
     for flags in ({"packing_samples": True}, {}):
         w = worker(ppo_cfg(micro_rollout_batch_size=6, **flags), "actor")
         w.init_model(tiny_model_dir, True, 10, 0.0)
+        assert w.forward.name == ("packed" if flags else "padded")  # picked once, at init_model (rl/forward.py)
         shapes: list[tuple[int, ...]] = []
         w.model.register_forward_pre_hook(lambda _m, args, kwargs, seen=shapes: seen.append(
             tuple(kwargs["input_ids"].shape)), with_kwargs=True)
