@@ -142,23 +142,24 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, *, chunk_r
 
 def tempered_log_probs_and_entropy(logits: torch.Tensor, labels: torch.Tensor, temperature: float, *,
                                    truncation: SamplingTruncation | None = None, with_entropy: bool = False,
-                                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The training forward's per-token outputs from the model's logits ``[..., V]`` (any dtype, upcast a chunk at a
     time): ``log softmax(logits / temperature)[label]`` float32 of shape ``labels.shape`` (0.0 at ``-100`` labels;
     with an active `truncation` that of the truncated distribution, `log_probs_from_logits`), and with
-    `with_entropy` the entropy of the whole tempered distribution at every position (ignored ones included),
-    detached (a metric): ``H = logsumexp(z) - sum_v softmax(z)_v z_v``, ``z = logits / temperature``."""
+    `with_entropy` the entropy of the whole tempered distribution at every position (ignored ones included):
+    ``H = logsumexp(z) - sum_v softmax(z)_v z_v``, ``z = logits / temperature``, detached (a metric) unless
+    `entropy_grad` (the entropy bonus of `--entropy_loss_coef` is differentiated through it)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     _check_labels(logits, labels)
     if truncation is None or not truncation.active:
         log_probs, entropy = token_log_probs_and_entropy(logits, labels, temperature=temperature,
                                                          with_entropy=with_entropy, ignore_index=IGNORE_INDEX)
-        return log_probs, (entropy.detach() if entropy is not None else None)
+        return log_probs, (entropy.detach() if entropy is not None and not entropy_grad else entropy)
     log_probs = log_probs_from_logits(logits.float() / temperature, labels, truncation=truncation)
     entropy = None
     if with_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = token_log_probs_and_entropy(logits, torch.full_like(labels, IGNORE_INDEX),
                                                   temperature=temperature, with_entropy=True)[1]
     return log_probs, entropy
@@ -166,7 +167,7 @@ def tempered_log_probs_and_entropy(logits: torch.Tensor, labels: torch.Tensor, t
 
 def shifted_log_probs_and_entropy(logits: torch.Tensor, sequences: torch.Tensor, width: int, temperature: float, *,
                                   truncation: SamplingTruncation | None = None, with_entropy: bool = False,
-                                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                                  entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`tempered_log_probs_and_entropy` of the last `width` tokens of `sequences` [B, T] from the logits of the
     last ``width + 1`` positions [B, width + 1, V] (``logits_to_keep=width + 1``; position j predicts token j + 1):
     ([B, width], [B, width] or None). The logits are read in place: the last position gets the ignore label instead
@@ -175,9 +176,11 @@ def shifted_log_probs_and_entropy(logits: torch.Tensor, sequences: torch.Tensor,
         raise ValueError(f"logits of {logits.shape[1]} positions for {width} tokens: expected width + 1")
     if truncation is not None and truncation.active:
         return tempered_log_probs_and_entropy(logits[:, :-1], sequences[:, sequences.shape[1] - width:], temperature,
-                                              truncation=truncation, with_entropy=with_entropy)
+                                              truncation=truncation, with_entropy=with_entropy,
+                                              entropy_grad=entropy_grad)
     labels = torch.nn.functional.pad(sequences[:, sequences.shape[1] - width:], (0, 1), value=IGNORE_INDEX)
-    log_probs, entropy = tempered_log_probs_and_entropy(logits, labels, temperature, with_entropy=with_entropy)
+    log_probs, entropy = tempered_log_probs_and_entropy(logits, labels, temperature, with_entropy=with_entropy,
+                                                        entropy_grad=entropy_grad)
     return log_probs[:, :-1], (entropy[:, :-1] if entropy is not None else None)
 
 

@@ -52,16 +52,17 @@ class PaddedForward:
         """A training shard's rows in micro-batch order: sorted by length, so `trim_padding` cuts more."""
         return sort_rows_by_length(shard)
 
-    def action_log_probs(self, model: torch.nn.Module, mb: Batch, with_entropy: bool = False) -> LogProbs:
+    def action_log_probs(self, model: torch.nn.Module, mb: Batch, with_entropy: bool = False,
+                         entropy_grad: bool = False) -> LogProbs:
         """log softmax(z_t / temperature)[y_{t+1}] of each response token, [B, W] float32, and with `with_entropy` the
-        entropy of the same distributions (detached)."""
+        entropy of the same distributions (detached, unless `entropy_grad`: --entropy_loss_coef's bonus)."""
         seq, mask = mb["sequences"], mb["attention_mask"]
         width = mb["action_mask"].shape[1]
         # Only the positions that predict response tokens need the (vocab-sized) LM head.
         logits = model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask),
                        logits_to_keep=width + 1, **self.model_inputs(mb)).logits
         return shifted_log_probs_and_entropy(logits, seq, width, self.temperature, truncation=self.truncation,
-                                             with_entropy=with_entropy)
+                                             with_entropy=with_entropy, entropy_grad=entropy_grad)
 
     def model_inputs(self, mb: Batch) -> Batch:
         """Inputs the model takes beside the token ids (none for a text model)."""
@@ -114,9 +115,11 @@ class PackedForward(PaddedForward):
     def pack(self, mb: Batch) -> PackedRollout:
         return pack_rollout(mb["sequences"], mb["attention_mask"], mb["action_mask"].shape[1])
 
-    def action_log_probs(self, model: torch.nn.Module, mb: Batch, with_entropy: bool = False) -> LogProbs:
+    def action_log_probs(self, model: torch.nn.Module, mb: Batch, with_entropy: bool = False,
+                         entropy_grad: bool = False) -> LogProbs:
         return packed_response_log_probs(model, self.pack(mb), self.temperature, mask_dtype=self.mask_dtype,
-                                         with_entropy=with_entropy, truncation=self.truncation)
+                                         with_entropy=with_entropy, truncation=self.truncation,
+                                         entropy_grad=entropy_grad)
 
     def values(self, model: torch.nn.Module, mb: Batch) -> torch.Tensor:
         return packed_scalar_outputs(model, self.pack(mb), mask_dtype=self.mask_dtype)[1]
@@ -135,9 +138,11 @@ class RingPaddedForward(PaddedForward):
 
     name = "ring"
 
-    def action_log_probs(self, model: torch.nn.Module, mb: Batch, with_entropy: bool = False) -> LogProbs:
+    def action_log_probs(self, model: torch.nn.Module, mb: Batch, with_entropy: bool = False,
+                         entropy_grad: bool = False) -> LogProbs:
         return ring_response_log_probs(model, mb["sequences"], mb["attention_mask"], mb["action_mask"].shape[1],
-                                       self.temperature, _group(self.ring), with_entropy, truncation=self.truncation)
+                                       self.temperature, _group(self.ring), with_entropy, truncation=self.truncation,
+                                       entropy_grad=entropy_grad)
 
     def probe_log_probs(self, model: torch.nn.Module, seq: torch.Tensor, mask: torch.Tensor,
                         width: int) -> torch.Tensor:
@@ -153,9 +158,10 @@ class RingPackedForward(PackedForward):
 
     name = "ring-packed"
 
-    def action_log_probs(self, model: torch.nn.Module, mb: Batch, with_entropy: bool = False) -> LogProbs:
+    def action_log_probs(self, model: torch.nn.Module, mb: Batch, with_entropy: bool = False,
+                         entropy_grad: bool = False) -> LogProbs:
         return ring_packed_log_probs(model, self.pack(mb), self.temperature, _group(self.ring), with_entropy,
-                                     truncation=self.truncation)
+                                     truncation=self.truncation, entropy_grad=entropy_grad)
 
     def probe_log_probs(self, model: torch.nn.Module, seq: torch.Tensor, mask: torch.Tensor,
                         width: int) -> torch.Tensor:

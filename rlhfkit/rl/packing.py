@@ -136,10 +136,11 @@ def pack_rows(prompts: list[list[int]], responses: list[list[int]], response_wid
 
 def packed_response_log_probs(model: torch.nn.Module, packed: PackedRollout, temperature: float, *,
                               mask_dtype: torch.dtype, with_entropy: bool = False,
-                              truncation: SamplingTruncation | None = None,
+                              truncation: SamplingTruncation | None = None, entropy_grad: bool = False,
                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(logits / temperature)[label] of every response token, [B, W] float32 (0 past a row's response),
-    and with `with_entropy` the entropy of the same distribution ([B, W], detached), from one packed forward.
+    and with `with_entropy` the entropy of the same distribution ([B, W], detached unless `entropy_grad`), from
+    one packed forward.
 
     log p = z[label] - logsumexp(z) at the predicting position, z = logits / temperature; the log-sum-exp is taken
     once per kept position, so a prompt's last position, shared by all its responses, costs one row of the head.
@@ -150,22 +151,25 @@ def packed_response_log_probs(model: torch.nn.Module, packed: PackedRollout, tem
                    attention_mask=packed.attention_mask(mask_dtype), use_cache=False,
                    logits_to_keep=packed.keep).logits[0]                         # [K, V], the model's dtype
     return kept_log_probs_and_entropy(logits, packed.pick, packed.labels, packed.valid, temperature,
-                                      with_entropy=with_entropy, truncation=truncation)
+                                      with_entropy=with_entropy, truncation=truncation, entropy_grad=entropy_grad)
 
 
 def kept_log_probs_and_entropy(logits: torch.Tensor, pick: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
                                temperature: float, *, with_entropy: bool = False,
-                               truncation: SamplingTruncation | None = None,
+                               truncation: SamplingTruncation | None = None, entropy_grad: bool = False,
                                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """From the logits of the kept positions ([K, V], any dtype): log p = z[labels] - logsumexp(z) at row `pick` of
     each (row, token) [B, W], z = logits / temperature, float32, 0 where not `valid`; with `with_entropy` the entropy
-    of the same distributions [B, W] (detached, 0 where not `valid`). Without an active `truncation` one fused pass
-    (`rlhfkit.models.fused_logprobs`) that upcasts a chunk of rows at a time and keeps no [K, V] float32 tensor."""
+    of the same distributions [B, W] (0 where not `valid`; detached unless `entropy_grad`). Without an active
+    `truncation` one fused pass (`rlhfkit.models.fused_logprobs`) that upcasts a chunk of rows at a time and keeps no
+    [K, V] float32 tensor."""
     if truncation is None or not truncation.active:
         picked, row_entropy = pair_log_probs_and_entropy(logits, pick.reshape(-1), labels.reshape(-1),
                                                          temperature=temperature, with_entropy=with_entropy)
         log_probs = picked.reshape(pick.shape).masked_fill(~valid, 0.0)
-        entropy = row_entropy.detach()[pick].masked_fill(~valid, 0.0) if row_entropy is not None else None
+        if row_entropy is not None and not entropy_grad:
+            row_entropy = row_entropy.detach()
+        entropy = row_entropy[pick].masked_fill(~valid, 0.0) if row_entropy is not None else None
         return log_probs, entropy
     logits = logits.float() / temperature
     log_norm, cut = nucleus_log_norm(logits, truncation)                         # [K], [K]
@@ -173,7 +177,7 @@ def kept_log_probs_and_entropy(logits: torch.Tensor, pick: torch.Tensor, labels:
     log_probs = (picked - with_sampled_token(log_norm[pick], cut[pick], picked)).masked_fill(~valid, 0.0)
     entropy = None
     if with_entropy:
-        entropy = entropy_from_logits(logits.detach())[pick].masked_fill(~valid, 0.0)
+        entropy = entropy_from_logits(logits if entropy_grad else logits.detach())[pick].masked_fill(~valid, 0.0)
     return log_probs, entropy
 
 

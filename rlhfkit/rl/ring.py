@@ -94,10 +94,11 @@ def _kept_logits(model: torch.nn.Module, forward_kwargs: dict[str, torch.Tensor]
 
 def ring_response_log_probs(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor,
                             width: int, temperature: float, ring: RingGroup, with_entropy: bool = False, *,
-                            truncation: SamplingTruncation | None = None,
+                            truncation: SamplingTruncation | None = None, entropy_grad: bool = False,
                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Padded rows: log softmax(z_t / temperature)[y_{t+1}] of the last `width` tokens, [B, width] float32, and with
-    `with_entropy` the entropy of the same distributions (detached); every rank of the group returns all of it.
+    `with_entropy` the entropy of the same distributions (detached unless `entropy_grad`); every rank of the group
+    returns all of it.
     `truncation`: --top_k / --top_p log-probs (`rlhfkit.models.logprobs.log_probs_from_logits`)."""
     total = sequences.shape[1]
     keep = torch.arange(total - width - 1, total - 1, device=sequences.device)
@@ -105,10 +106,11 @@ def ring_response_log_probs(model: torch.nn.Module, sequences: torch.Tensor, att
     logits, owned, index = _kept_logits(model, inputs, keep, ring)
     labels = sequences[:, keep[owned] + 1]
     if logits.shape[1] == 0:  # a chunk that predicts no response token: [B, 0], still in the graph (the LM head ran)
-        mine: tuple[torch.Tensor, torch.Tensor | None] = (logits.float().sum(-1), logits.float().sum(-1).detach())
+        empty = logits.float().sum(-1)
+        mine: tuple[torch.Tensor, torch.Tensor | None] = (empty, empty if entropy_grad else empty.detach())
     else:
         mine = tempered_log_probs_and_entropy(logits, labels, temperature, truncation=truncation,
-                                              with_entropy=with_entropy)
+                                              with_entropy=with_entropy, entropy_grad=entropy_grad)
     log_probs = sum_over_ring(F.pad(mine[0], (0, 1))[:, index], ring)           # [B, width], 0 where not owned
     entropy = None
     if with_entropy:
@@ -119,7 +121,7 @@ def ring_response_log_probs(model: torch.nn.Module, sequences: torch.Tensor, att
 
 def ring_packed_log_probs(model: torch.nn.Module, packed: PackedRollout, temperature: float, ring: RingGroup,
                           with_entropy: bool = False, *, truncation: SamplingTruncation | None = None,
-                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                          entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`rlhfkit.rl.packing.packed_response_log_probs` over the ring group: log p = z[label] - logsumexp(z) at each
     response token's predicting position (z = logits / temperature), [B, W] float32 (0 past a row's response)."""
     inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids,
@@ -131,5 +133,6 @@ def ring_packed_log_probs(model: torch.nn.Module, packed: PackedRollout, tempera
         logits = F.pad(logits, (0, 0, 0, 1))                                     # a zero row, read by no one
     rows = index[packed.pick].clamp(max=logits.shape[0] - 1)                     # [B, W]; others' rows are masked
     log_probs, entropy = kept_log_probs_and_entropy(logits, rows, packed.labels, mine, temperature,
-                                                    with_entropy=with_entropy, truncation=truncation)
+                                                    with_entropy=with_entropy, truncation=truncation,
+                                                    entropy_grad=entropy_grad)
     return sum_over_ring(log_probs, ring), (sum_over_ring(entropy, ring) if entropy is not None else None)

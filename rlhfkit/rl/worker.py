@@ -301,7 +301,9 @@ class ModelWorker:
         for mb in batches:
             mb = self._to_device(trim_padding(mb))
             mask = mb["action_mask"]
-            log_probs, entropy = self._action_log_probs(mb, with_entropy=True)
+            # --entropy_loss_coef: the bonus -c x mean entropy is differentiated (else the entropy is a metric)
+            log_probs, entropy = self.forward.action_log_probs(self.model, mb, with_entropy=True,
+                                                               entropy_grad=bool(cfg.entropy_loss_coef))
             assert entropy is not None  # with_entropy
             aux = router.pop() if router is not None else None
             old = mb.get("old_log_probs")
