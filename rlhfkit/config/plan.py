@@ -180,6 +180,15 @@ def reference_model(cfg: PPOConfig) -> str:
     return cfg.ref_pretrain or cfg.pretrain
 
 
+def _named_reference(cfg: PPOConfig) -> str | None:
+    """`reference_model`, or None where the flags name none (no --pretrain, or on_policy_distill without a
+    teacher: validate_rl refuses such a run with `reference_model`'s error)."""
+    try:
+        return reference_model(cfg)
+    except ConfigError:
+        return None
+
+
 def role_layout(cfg: PlacementOptions) -> tuple[tuple[str, int, int], ...]:
     """(role, --<role>_num_nodes, --<role>_num_gpus_per_node) for each of ROLES, in that order."""
     return (("actor", int(cfg.actor_num_nodes), int(cfg.actor_num_gpus_per_node)),
@@ -198,8 +207,7 @@ def resolve_plan(cfg: PPOConfig, has_gpus: bool | None = None, reward_models: tu
     kl_mode = run_kl_mode(cfg)
     distill = estimator == DISTILL_ESTIMATOR
     needs_ref = kl_mode != "off" or distill
-    # a worker built from bare flags (tests) may have no --pretrain; the teacher's absence is always an error
-    reference = reference_model(cfg) if needs_ref and (distill or cfg.pretrain is not None) else None
+    reference = _named_reference(cfg) if needs_ref else None
     return RunPlan(estimator=estimator, needs_critic=estimator == "gae", group_estimator=estimator in GROUP_ESTIMATORS,
                    kl_mode=kl_mode, layout=layout, sync_transport=transport, distill=distill,
                    kl_estimator=cfg.kl_estimator, init_kl_coef=float(cfg.init_kl_coef),

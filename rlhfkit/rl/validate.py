@@ -11,7 +11,7 @@ from pathlib import Path
 from rlhfkit.algorithms.offpolicy import IS_CORRECTION_PRESETS
 from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.optim_options import validate_optim
-from rlhfkit.config.plan import RunPlan, resolve_plan
+from rlhfkit.config.plan import RunPlan, reference_model, resolve_plan
 from rlhfkit.config.validate import check_loader_workers, require
 from rlhfkit.engine.ema import validate_ema
 from rlhfkit.errors import ConfigError
@@ -198,7 +198,8 @@ def _validate_distill(cfg: PPOConfig, plan: RunPlan) -> None:
     if cfg.teacher_model and cfg.ref_pretrain:
         raise ConfigError(f"--teacher_model {cfg.teacher_model} and --ref_pretrain {cfg.ref_pretrain}: with "
                           "on_policy_distill the reference role loads the teacher, so give it once (--teacher_model)")
-    # without a teacher, plan_run's reference_model already raised a ConfigError naming --teacher_model
+    if plan.reference_model is None:
+        reference_model(cfg)  # the ConfigError naming --teacher_model
     if cfg.use_kl_loss or cfg.kl_target is not None:
         given = "--use_kl_loss" if cfg.use_kl_loss else f"--kl_target {cfg.kl_target}"
         raise ConfigError(f"{given} with --advantage_estimator on_policy_distill: the reference role holds the "
