@@ -186,7 +186,7 @@ def test_checkpoint_and_save_flags_direct_the_workers():
 
     cfg = ppo_cfg(pretrain="base", ckpt_path="/c", max_ckpt_num=2, save_hf_ckpt=True, save_path="/out",
                   save_value_network=True)
-    s = SimpleNamespace(cfg=cfg, actor=Group("actor"), critic=Group("critic"), ptx=None)
+    s = SimpleNamespace(cfg=cfg, plan=resolve_plan(cfg), actor=Group("actor"), critic=Group("critic"), ptx=None)
     setup.RLSetup.save_checkpoint(s, 4, 7)
     setup.save_final(s)
     state = {"cursor": 7, "ptx_cursor": 0}
@@ -196,7 +196,7 @@ def test_checkpoint_and_save_flags_direct_the_workers():
                      ("actor", "save_hf", "/out", "base"), ("critic", "save_hf", "/out_critic", "base")]
     calls.clear()
     plain = ppo_cfg(pretrain="base", ckpt_path="/c", save_path="/out")
-    s = SimpleNamespace(cfg=plain, actor=Group("actor"), critic=Group("critic"), ptx=None)
+    s = SimpleNamespace(cfg=plain, plan=resolve_plan(plain), actor=Group("actor"), critic=Group("critic"), ptx=None)
     setup.RLSetup.save_checkpoint(s, 4, 7)
     setup.save_final(s)
     assert [c[1:3] for c in calls] == [("save_checkpoint", "/c/actor"), ("save_checkpoint", "/c/critic"),
