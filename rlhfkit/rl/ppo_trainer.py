@@ -382,7 +382,8 @@ def _loop(s: RLSetup) -> dict[str, float]:
         metrics["train/kl_coef"] = kl_coef
         metrics.update(fill_log_probs_and_advantages(exp, cfg, s.plan, s.actor, s.ref, s.critic, timer, kl_coef))
         record = step_record(cfg, step, {**exp.tensors(), "rewards_before_penalty": raw_rewards,
-                                         "truncated": exp.info["truncated"]}) if wants_dump(cfg, step) else None
+                                         "truncated": exp.info["truncated"]},
+                             s.plan.resolved_flags()) if wants_dump(cfg, step) else None
         if queue is not None:  # the engines still hold the weights this step trains from
             queue.fill(step)  # no restarts in the generation thread: a fault is handled when its rollout is taken
         t_train = time.perf_counter()
@@ -421,7 +422,8 @@ def _loop(s: RLSetup) -> dict[str, float]:
     record_placement(run_dir, collect_whereabouts(s.groups, s.engines))  # now with prompts per engine
     save_final(s)
     metrics_log.close()
-    (Path(run_dir) / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2, default=str))
+    resolved = {**config_to_dict(cfg), **s.plan.resolved_flags()}  # the flags as the run resolved them
+    (Path(run_dir) / "config.json").write_text(json.dumps(resolved, indent=2, default=str))
     return last
 
 
