@@ -52,11 +52,12 @@ def time_syncs(actor: Any, engines: dict[str, list[Any]], repeats: int) -> dict[
     out: dict[str, Any] = {}
     for mode in ("merged", "adapter"):
         for transport in TRANSPORTS:
-            cfg = SimpleNamespace(vllm_sync_backend=transport, weight_sync_bucket_mb=64, lora_sync=mode)
+            cfg = SimpleNamespace(weight_sync_bucket_mb=64)
+            plan = SimpleNamespace(transport=transport, adapter_sync=mode == "adapter", model_path=None)
             times, sent = [], 0
             for _ in range(repeats + 1):
                 began = time.perf_counter()
-                sent = push_actor_weights(actor, engines[mode], cfg).bytes
+                sent = push_actor_weights(actor, engines[mode], cfg, plan).bytes
                 times.append(time.perf_counter() - began)
             out[f"{mode}/{transport}"] = {"bytes": sent, "seconds": times[1:]}
             print(f"sync {mode}/{transport}: {sent} bytes, {[round(t, 2) for t in times[1:]]} s", flush=True)

@@ -57,11 +57,12 @@ def time_actor(engines: list[Any], path: str, bucket_mb: int, repeats: int) -> d
     actor.call(ModelWorker.init_model, path, False)
     seconds: dict[str, list[float]] = {}
     for transport in TRANSPORTS:
-        run_cfg = SimpleNamespace(vllm_sync_backend=transport, weight_sync_bucket_mb=bucket_mb)
+        run_cfg = SimpleNamespace(weight_sync_bucket_mb=bucket_mb)
+        plan = SimpleNamespace(transport=transport, adapter_sync=False, model_path=None)
         times = []
         for _ in range(repeats + 1):
             began = time.perf_counter()  # SyncStats of the ray path miss the gather and the hop to the driver
-            push_actor_weights(actor, engines, run_cfg)
+            push_actor_weights(actor, engines, run_cfg, plan)
             times.append(time.perf_counter() - began)
         seconds[transport] = times[1:]
     actor.shutdown()

@@ -223,27 +223,29 @@ class DtypeFlags(Protocol):
     --vllm_dtype); structural, so `engine/` imports no command class (tests/test_layering.py)."""
 
     param_dtype: str
-    precision: Any
+
+
+def engine_dtype_of(cfg: DtypeFlags, choice: Precision) -> str | None:
+    """ppo's engine dtype: --vllm_dtype, with auto = the trainer's resolved `choice`; None for a command without
+    engines of its own dtype."""
+    if not isinstance(cfg, RolloutOptions):
+        return None
+    return choice.dtype if cfg.vllm_dtype == "auto" else cfg.vllm_dtype
 
 
 def apply_precision(cfg: DtypeFlags, device_type: str, touch_device: bool = True
                     ) -> Precision:
-    """Resolve `cfg.param_dtype` (and `cfg.vllm_dtype` where the command has it: auto = the trainer's) to concrete
-    values in place, warn once when an explicit half precision runs without native support, and keep the
-    decision on `cfg.precision` (the manifest, the derived-quantities table and the report show it)."""
+    """The decision for `cfg.param_dtype` on this device (its `dtype` is the concrete trainer dtype; ppo's engine
+    dtype is `engine_dtype_of(cfg, choice)`), warning once when an explicit half precision runs without native
+    support. The config is not written to: the caller keeps the decision (the manifest, the derived-quantities
+    table and the report show it)."""
     choice = resolve_precision(cfg.param_dtype, device_type, touch_device)
-    cfg.param_dtype = choice.dtype
-    engine_dtype = None
-    if isinstance(cfg, RolloutOptions):  # ppo's engines: --vllm_dtype auto = the trainer's
-        if cfg.vllm_dtype == "auto":
-            cfg.vllm_dtype = choice.dtype
-        engine_dtype = cfg.vllm_dtype
-    half = [f"{flag} {value}" for flag, value in (("--param_dtype", cfg.param_dtype), ("--vllm_dtype", engine_dtype))
+    engine_dtype = engine_dtype_of(cfg, choice)
+    half = [f"{flag} {value}" for flag, value in (("--param_dtype", choice.dtype), ("--vllm_dtype", engine_dtype))
             if value in ("bf16", "fp16")]
     if half and device_type == "cpu" and not choice.native_bf16 and choice.bf16_gflops:
         slowdown = cast(float, choice.fp32_gflops) / choice.bf16_gflops
         log.warning("%s on a CPU without native bf16 (%s): half-precision matmul measured %.0fx slower than fp32 "
                     "here; leave it at auto (fp32 on this machine) unless bf16 itself is what you test",
                     " and ".join(half), choice.reason.removeprefix("requested; "), slowdown)
-    cfg.precision = choice
     return choice

@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlhfkit.config.commands import BatchInferenceConfig
 from rlhfkit.config.validate import need
@@ -34,6 +34,9 @@ from rlhfkit.launch.engine_spec import sampling_config, vllm_engine_spec
 from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_ids
 from rlhfkit.rollout.dispatch import generate_on_engines
 from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES
+
+if TYPE_CHECKING:
+    from rlhfkit.engine.precision import Precision
 
 log = logging.getLogger("rlhfkit")
 
@@ -128,8 +131,8 @@ def generate(cfg: BatchInferenceConfig, engines: list[Any] | None, stats: dict[s
     sampling = sampling_config(cfg, cfg.seed, stop_token_ids=stop_token_ids(tokenizer)).shifted(first)
     owned = engines is None
     if engines is None:
-        engines, owns_ray = start_engines(cfg, path)
-        stats["precision"] = cfg.precision.summary() if cfg.precision else None  # --param_dtype resolved, and why
+        engines, owns_ray, precision = start_engines(cfg, path)
+        stats["precision"] = precision.summary()  # --param_dtype resolved, and why
     began = time.perf_counter()
     try:
         samples = generate_on_engines(engines, [p["prompt_ids"] for p in prompts], sampling)
@@ -152,23 +155,26 @@ def generate(cfg: BatchInferenceConfig, engines: list[Any] | None, stats: dict[s
     return rows
 
 
-def start_engines(cfg: BatchInferenceConfig, path: str) -> tuple[list[Any], bool]:
+def start_engines(cfg: BatchInferenceConfig, path: str) -> tuple[list[Any], bool, Precision]:
+    """The engines (--param_dtype resolved on this cluster), whether this call started Ray, and the precision
+    decision."""
     from rlhfkit.engine.precision import apply_precision
     from rlhfkit.launch.ray_cluster import cluster_has_gpus, start_ray
 
     owns_ray = start_ray(cfg)
-    apply_precision(cfg, "cuda" if cluster_has_gpus() else "cpu", touch_device=False)
+    precision = apply_precision(cfg, "cuda" if cluster_has_gpus() else "cpu", touch_device=False)
+    dtype = precision.dtype
     log_dir = None if cfg.verbose or not cfg.output_path else f"{cfg.output_path}.logs"  # the engines' logs
     if cfg.eval_task == "generate":
         from rlhfkit.rollout.hf_engine import create_hf_engines
 
-        return create_hf_engines(cfg.vllm_num_engines, path, dtype=ENGINE_DTYPES[cfg.param_dtype],
-                                 log_dir=log_dir), owns_ray
+        return create_hf_engines(cfg.vllm_num_engines, path, dtype=ENGINE_DTYPES[dtype],
+                                 log_dir=log_dir), owns_ray, precision
     from rlhfkit.rollout.vllm_engine import create_vllm_engines
 
-    options = vllm_engine_spec(cfg, dtype=cfg.param_dtype, seed=cfg.seed).kwargs()  # the builder `ppo` uses too
+    options = vllm_engine_spec(cfg, dtype=dtype, seed=cfg.seed).kwargs()  # the builder `ppo` uses too
     engines = create_vllm_engines(cfg.vllm_num_engines, path, log_dir=log_dir, **options)
-    return engines, owns_ray
+    return engines, owns_ray, precision
 
 
 def stop_engines(engines: list[Any], owns_ray: bool) -> None:

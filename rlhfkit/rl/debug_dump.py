@@ -77,8 +77,11 @@ def detached_cpu(tensors: dict[str, Any]) -> dict[str, Any]:
     return {k: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
 
 
-def step_record(cfg: PPOConfig, step: int, experience: dict[str, torch.Tensor]) -> dict[str, Any]:
-    config = json.loads(json.dumps(config_to_dict(cfg), default=str))
+def step_record(cfg: PPOConfig, step: int, experience: dict[str, torch.Tensor],
+                resolved: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A --debug_dump_steps step's record: the run's config (`resolved`: the flags the run plan resolved, recorded
+    instead of the values given), the experience and, filled later, each optimizer step's entries."""
+    config = json.loads(json.dumps({**config_to_dict(cfg), **(resolved or {})}, default=str))
     return {"step": step, "config": config, "experience": detached_cpu(experience), "actor": [], "critic": []}
 
 

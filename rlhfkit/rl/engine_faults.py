@@ -99,7 +99,7 @@ class EngineFaults:
             s.engines[k] = engine  # in place: every holder of the list sees the new engine
             if s.phases is not None:
                 s.phases.engines[k] = engine
-        push_actor_weights(s.actor, s.engines, s.cfg)  # the actor's current weights, into the new engine too
+        push_actor_weights(s.actor, s.engines, s.cfg, s.plan)  # the actor's current weights, into the new engine too
         if s.sync_check is not None:
             s.sync_check.check(s.actor, s.engines, f"engine {ranks} restarted")
         seconds = time.perf_counter() - began
@@ -109,8 +109,8 @@ class EngineFaults:
                  "fault": type(fault).__name__, "method": fault.method, "detected_after_s": round(fault.waited_s, 3),
                  "recovered_in_s": round(seconds, 3), "restarts": self.restarts,
                  "max_engine_restarts": self.max_restarts, "error": str(fault)}
-        if s.cfg.run_dir:
-            with (Path(s.cfg.run_dir) / "events.jsonl").open("a") as f:
+        if s.plan.run_dir:
+            with (Path(s.plan.run_dir) / "events.jsonl").open("a") as f:
                 f.write(json.dumps(event) + "\n")
         log.warning("engine(s) %s restarted and synced in %.1f s (%d of %d restarts used)", ranks, seconds,
                     self.restarts, self.max_restarts)

@@ -13,6 +13,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 import torch
 
 from rlhfkit.config.commands import PPOConfig
+from rlhfkit.config.plan import RunPlan
 from rlhfkit.launch.ray_cluster import cluster_has_gpus
 from rlhfkit.rl.ring import rank_rows, ring_size_of
 from rlhfkit.rl.worker import ModelWorker
@@ -74,9 +75,9 @@ class ModelGroup:
     `--trainer_hang_timeout` seconds (0: not checked) is killed and named hung (`heartbeats`)."""
 
     def __init__(self, role: str, cfg: PPOConfig, placement_group: Any, world_size: int, num_nodes: int = 1,
-                 share_bundles: float = 1.0, cpu_threads_share: int = 0) -> None:
-        """`cfg`: the run's typed config, sent to every rank as it is; `cpu_threads_share`: the model ranks that split
-        a node's cores on CPU (0: this role's ranks per node; ModelWorker)."""
+                 share_bundles: float = 1.0, cpu_threads_share: int = 0, *, plan: RunPlan | None = None) -> None:
+        """`cfg`: the run's typed config, sent to every rank as it is, with `plan`, the run's plan (ModelWorker);
+        `cpu_threads_share`: the model ranks that split a node's cores on CPU (0: this role's ranks per node)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -102,7 +103,7 @@ class ModelGroup:
                 # One node: rendezvous on loopback; several: on rank 0's node address.
                 master_addr = "127.0.0.1" if num_nodes == 1 else node_ip
             self.workers.append(worker.remote(role, cfg, rank, world_size, master_addr, master_port,
-                                             cpu_threads_share, board))
+                                             cpu_threads_share, board, plan))
 
     def shutdown(self) -> None:
         """Kill the ranks (their process group goes with them)."""

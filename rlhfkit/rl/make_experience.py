@@ -22,7 +22,7 @@ from rlhfkit.algorithms.normalize import masked_mean
 from rlhfkit.algorithms.offpolicy import logprob_mismatch
 from rlhfkit.algorithms.rewards import length_penalties
 from rlhfkit.config.commands import PPOConfig
-from rlhfkit.config.plan import DISTILL_ESTIMATOR, run_kl_mode
+from rlhfkit.config.plan import RunPlan
 from rlhfkit.engine.safe_state import register_dataclasses
 from rlhfkit.rewards.base import failure_counts, failure_reasons
 from rlhfkit.rl.experience import Experience, build_experience
@@ -217,27 +217,27 @@ def model_batch(exp: Experience) -> dict[str, torch.Tensor]:
     return batch
 
 
-def old_log_probs_from_training_pass(cfg: PPOConfig, rows: int, has_ref: bool) -> bool:
+def old_log_probs_from_training_pass(cfg: PPOConfig, plan: RunPlan, rows: int, has_ref: bool) -> bool:
     """Whether the PPO ratio's old log-probs can be the training forward's own, detached: the rollout makes exactly
     one optimizer step (one mini-batch of `rows` <= --train_batch_size, --max_epochs 1, the actor trains from the first
     step), so the policy that would compute them in a separate pass is the one being trained, and no reward-side KL
     needs them before the advantages (on_policy_distill's advantages are made of them: never). The worker still
     runs a separate no-grad pass for models with active dropout."""
     return (not cfg.recompute_old_log_probs and cfg.max_epochs == 1 and rows <= cfg.train_batch_size
-            and cfg.freezing_actor_steps <= 0 and cfg.advantage_estimator != DISTILL_ESTIMATOR
-            and (not has_ref or run_kl_mode(cfg) == "loss"))
+            and cfg.freezing_actor_steps <= 0 and not plan.distill and (not has_ref or plan.kl_mode == "loss"))
 
 
-def fill_log_probs_and_advantages(exp: Experience, cfg: PPOConfig, actor: Any, ref: Any | None, critic: Any | None,
-                                  timer: Timer, kl_coef: float | None = None) -> dict[str, float]:
+def fill_log_probs_and_advantages(exp: Experience, cfg: PPOConfig, plan: RunPlan, actor: Any, ref: Any | None,
+                                  critic: Any | None, timer: Timer, kl_coef: float | None = None) -> dict[str, float]:
     """Trainer log-probs, reference log-probs, values, KL, advantages and returns (in place); returns metrics.
-    `kl_coef`: the reward-side KL coefficient of this step (--init_kl_coef, or the adaptive controller's value).
+    `kl_coef`: the reward-side KL coefficient of this step (the adaptive controller's value; None: the plan's
+    --init_kl_coef); the KL mode, its estimator and on-policy distillation are the plan's.
 
     When `old_log_probs_from_training_pass` holds, the actor's pass is skipped (`exp.old_log_probs` stays None):
     the training step takes them from its own forward and reports the rollout mismatch metrics itself."""
     began = time.perf_counter()
     batch = model_batch(exp)
-    reuse = old_log_probs_from_training_pass(cfg, exp.batch_size, ref is not None)
+    reuse = old_log_probs_from_training_pass(cfg, plan, exp.batch_size, ref is not None)
     calls = [] if reuse else [(actor, partial(actor.map_rows_async, ModelWorker.log_probs, batch))]
     if ref is not None:
         calls.append((ref, partial(ref.map_rows_async, ModelWorker.log_probs, batch)))
@@ -248,19 +248,19 @@ def fill_log_probs_and_advantages(exp: Experience, cfg: PPOConfig, actor: Any, r
     if not reuse:
         old = exp.old_log_probs = results.pop(0)
     mask = exp.action_mask
-    distill = cfg.advantage_estimator == DISTILL_ESTIMATOR  # the reference role holds the teacher
+    distill = plan.distill  # the reference role holds the teacher
     if ref is not None:
         exp.ref_log_probs = results.pop(0)
         if old is not None and not distill:  # reused: the KL is the training step's kl_loss (--use_kl_loss)
-            exp.kl = compute_kl(old, exp.ref_log_probs, mask, cfg.kl_estimator)
+            exp.kl = compute_kl(old, exp.ref_log_probs, mask, plan.kl_estimator)
     if critic is not None:
         exp.values = results.pop(0)
     timer.add("log_probs", began)
-    penalty = ref is not None and run_kl_mode(cfg) == "penalty"
-    kl_coef = (cfg.init_kl_coef if kl_coef is None else kl_coef) if penalty else 0.0
+    penalty = ref is not None and plan.kl_mode == "penalty"
+    kl_coef = plan.kl_coef(kl_coef) if penalty else 0.0
     clip_low, clip_high = cfg.reward_clip_range
     exp.advantages, exp.returns = compute_advantages_and_returns(
-        cfg.advantage_estimator, filled(exp.rewards, "rewards"), mask, n_samples_per_prompt=cfg.n_samples_per_prompt,
+        plan.estimator, filled(exp.rewards, "rewards"), mask, n_samples_per_prompt=cfg.n_samples_per_prompt,
         values=exp.values, kl=exp.kl, kl_coef=kl_coef, gamma=cfg.gamma, lambd=cfg.lambd,
         reward_clip_range=(clip_low, clip_high), std_norm=not cfg.no_advantage_std_norm,
         student_log_probs=old if distill else None, teacher_log_probs=exp.ref_log_probs if distill else None,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlhfkit.config.commands import PPOConfig
-from rlhfkit.config.plan import RLPlan
+from rlhfkit.config.plan import RunPlan
 from rlhfkit.rl.group import ModelGroup, make_placement_group
 from rlhfkit.rl.worker import ModelWorker
 from rlhfkit.rollout.engine_api import RolloutEngine
@@ -25,7 +25,7 @@ class Placement:
     sharing: dict[int, int] = field(default_factory=dict)  # id(placement group) -> roles on its bundles
     owned: list[Any] = field(default_factory=list)
 
-    def new(self, plan: RLPlan, role: str) -> Any:
+    def new(self, plan: RunPlan, role: str) -> Any:
         pg = make_placement_group(plan.nodes(role), plan.ranks_per_node(role), 1.0)
         self.owned.append(pg)
         return pg
@@ -39,7 +39,7 @@ class Placement:
         return 1.0 / self.sharing[id(self.groups[role])]
 
 
-def plan_placement(cfg: PPOConfig, plan: RLPlan, reward_specs: list[str], create_engines: bool) -> Placement:
+def plan_placement(cfg: PPOConfig, plan: RunPlan, reward_specs: list[str], create_engines: bool) -> Placement:
     """Placement groups per role: roles named by a colocation flag share the bundles of the group they join."""
     has_critic, need_ref = plan.needs_critic, plan.needs_ref
     p = Placement()

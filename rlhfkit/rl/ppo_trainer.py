@@ -160,7 +160,7 @@ def train_on_experience(s: RLSetup, exp: Experience, step: int,
 def kl_coefficient(s: RLSetup) -> float:
     """This step's KL coefficient: the adaptive controller's value (--kl_target), else --init_kl_coef."""
     kl_ctl = getattr(s, "kl_ctl", None)
-    return s.cfg.init_kl_coef if kl_ctl is None else kl_ctl.value
+    return s.plan.kl_coef(None if kl_ctl is None else kl_ctl.value)
 
 
 def _shards(tensors: dict[str, torch.Tensor], group: ModelGroup) -> list[dict[str, torch.Tensor]]:
@@ -181,7 +181,7 @@ def sync_engines(s: RLSetup, timer: Timer) -> dict[str, float]:
     began = time.perf_counter()
     if s.phases is not None:
         s.phases.wake_engines()
-    stats = push_actor_weights(s.actor, s.engines, s.cfg)
+    stats = push_actor_weights(s.actor, s.engines, s.cfg, s.plan)
     timer.add("weight_sync", began)
     began = time.perf_counter()
     checked = s.sync_check.check(s.actor, s.engines, "weight sync") if s.sync_check is not None else {}
@@ -198,9 +198,9 @@ def stage_utilisation(s: RLSetup, exp: Experience, timer: Timer) -> dict[str, fl
     out = {"perf/generation_tokens_per_s": float(exp.action_mask.sum()) / max(seconds.get("generation", 0.0), 1e-9)}
     if flops is None:
         return out
-    precision = cfg.precision
+    precision = s.plan.precision
     if precision is None:
-        raise RuntimeError("stage_utilisation: cfg.precision is unset (build_setup's apply_precision sets it)")
+        raise RuntimeError("stage_utilisation: the plan has no precision (build_setup's plan.on_cluster sets it)")
     ceiling = precision.ceiling_gflops()
     devices = s.actor.world_size if precision.device == "cuda" else cfg.actor_num_nodes
     policy_tokens = packed_tokens(exp) if cfg.packing_samples else tokens  # the critic's pass stays padded
@@ -271,7 +271,7 @@ def evaluate(s: RLSetup, step: int) -> dict[str, float]:
 def _write_samples(s: RLSetup, step: int, rollout: Rollout, kind: str, limit: int = 6) -> None:
     """The first sample of each of the first `limit` prompts, to samples.jsonl (for the report)."""
     rows = [i for i, sample in enumerate(rollout.samples) if sample.sample_index == 0][:limit]
-    with (Path(need(s.cfg.run_dir, "--run_dir")) / "samples.jsonl").open("a") as f:
+    with (Path(need(s.plan.run_dir, "--run_dir")) / "samples.jsonl").open("a") as f:
         for i in rows:
             prompt = rollout.prompts[rollout.samples[i].prompt_index]
             failure = rollout.reward_failure[i] if rollout.reward_failure else ""
@@ -300,7 +300,7 @@ def keep_best(s: RLSetup, step: int, eval_metrics: dict[str, float]) -> None:
     if s.best is None or not s.best.improves(step, eval_metrics):
         return
     shutil.rmtree(s.best.staging, ignore_errors=True)
-    s.actor.call("save_hf", str(s.best.staging), s.cfg.pretrain)
+    s.actor.call("save_hf", str(s.best.staging), s.plan.model_path)
     s.best.commit()
 
 
@@ -317,7 +317,7 @@ def evaluate_only(s: RLSetup) -> dict[str, float]:
     """--eval_only: the evaluation the run makes at step 0 (or, with --load_checkpoint, at the checkpoint's step),
     logged to metrics.jsonl and samples.jsonl at that step and printed; no training step, no checkpoint, no saved
     model."""
-    run_dir = need(s.cfg.run_dir, "--run_dir")
+    run_dir = need(s.plan.run_dir, "--run_dir")
     print_derived_table("rlhfkit ppo --eval_only", {**s.summary, "run dir": run_dir, "evaluated step": s.start_step})
     metrics_log = MetricsLogger(run_dir, s.cfg)
     try:
@@ -328,7 +328,8 @@ def evaluate_only(s: RLSetup) -> dict[str, float]:
     shown = ", ".join(f"{k} {v:.4f}" for k, v in evaluated.items())
     print(f"evaluation (step {s.start_step}, {len(s.eval_prompts)} prompts): {shown}")
     record_placement(run_dir, collect_whereabouts(s.groups, s.engines))
-    (Path(run_dir) / "config.json").write_text(json.dumps(config_to_dict(s.cfg), indent=2, default=str))
+    config = {**config_to_dict(s.cfg), **s.plan.resolved_flags()}  # the flags as the run resolved them
+    (Path(run_dir) / "config.json").write_text(json.dumps(config, indent=2, default=str))
     return evaluated
 
 
@@ -336,7 +337,7 @@ def _loop(s: RLSetup) -> dict[str, float]:
     """One step: rollout -> experience -> train -> sync -> log/checkpoint/eval. With --async_train the rollouts of
     steps t+1 .. t+N (--async_queue_size) are generated while step t trains (`rl.async_rollout.RolloutQueue`)."""
     cfg = s.cfg
-    run_dir = need(cfg.run_dir, "--run_dir")  # set by build_setup (prepare_run_dir)
+    run_dir = need(s.plan.run_dir, "--run_dir")  # resolved by build_setup (the plan)
     replay = s.rollout_replay  # --rollout_replay_dir: no engines (no health check, sync or evaluation)
     evaluating = bool(s.eval_prompts) and replay is None
     if s.eval_prompts and replay is not None:
@@ -380,9 +381,10 @@ def _loop(s: RLSetup) -> dict[str, float]:
             metrics.update(staleness_metrics(rollout, exp, step, cfg.async_queue_size))
         kl_coef = kl_coefficient(s)
         metrics["train/kl_coef"] = kl_coef
-        metrics.update(fill_log_probs_and_advantages(exp, cfg, s.actor, s.ref, s.critic, timer, kl_coef))
+        metrics.update(fill_log_probs_and_advantages(exp, cfg, s.plan, s.actor, s.ref, s.critic, timer, kl_coef))
         record = step_record(cfg, step, {**exp.tensors(), "rewards_before_penalty": raw_rewards,
-                                         "truncated": exp.info["truncated"]}) if wants_dump(cfg, step) else None
+                                         "truncated": exp.info["truncated"]},
+                             s.plan.resolved_flags()) if wants_dump(cfg, step) else None
         if queue is not None:  # the engines still hold the weights this step trains from
             queue.fill(step)  # no restarts in the generation thread: a fault is handled when its rollout is taken
         t_train = time.perf_counter()
@@ -421,7 +423,8 @@ def _loop(s: RLSetup) -> dict[str, float]:
     record_placement(run_dir, collect_whereabouts(s.groups, s.engines))  # now with prompts per engine
     save_final(s)
     metrics_log.close()
-    (Path(run_dir) / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2, default=str))
+    resolved = {**config_to_dict(cfg), **s.plan.resolved_flags()}  # the flags as the run resolved them
+    (Path(run_dir) / "config.json").write_text(json.dumps(resolved, indent=2, default=str))
     return last
 
 

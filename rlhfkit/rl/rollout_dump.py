@@ -43,9 +43,11 @@ MANIFEST_KEYS = ("pretrain", "prompt_data", "seed", "rollout_batch_size", "n_sam
                  "train_batch_size", "advantage_estimator", "generate_max_len", "max_len")
 
 
-def manifest_settings(cfg: PPOConfig) -> dict[str, Any]:
-    """The values of `MANIFEST_KEYS` in this run (`cfg.pretrain` resolved, as build_setup has it)."""
-    return {key: getattr(cfg, key) for key in MANIFEST_KEYS}
+def manifest_settings(cfg: PPOConfig, resolved: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The values of `MANIFEST_KEYS` in this run: `resolved`'s where given (build_setup's plan: --pretrain resolved
+    to a folder), else the flags'."""
+    resolved = resolved or {}
+    return {key: resolved[key] if key in resolved else getattr(cfg, key) for key in MANIFEST_KEYS}
 
 
 def step_path(folder: str | Path, step: int) -> Path:
@@ -71,9 +73,11 @@ def _read_manifest(path: Path, flag: str) -> dict[str, Any]:
     return manifest
 
 
-def check_compatible(path: Path, manifest: dict[str, Any], cfg: PPOConfig, flag: str) -> None:
-    """ConfigError naming `path` and every setting of `MANIFEST_KEYS` that differs between the dump and this run."""
-    dumped, now = manifest["settings"], manifest_settings(cfg)
+def check_compatible(path: Path, manifest: dict[str, Any], cfg: PPOConfig, flag: str,
+                     resolved: dict[str, Any] | None = None) -> None:
+    """ConfigError naming `path` and every setting of `MANIFEST_KEYS` that differs between the dump and this run
+    (`resolved`: the flags the run resolved, as `manifest_settings`)."""
+    dumped, now = manifest["settings"], manifest_settings(cfg, resolved)
     differ = [f"--{k}: dumped {dumped.get(k)!r}, this run {now[k]!r}" for k in MANIFEST_KEYS
               if json.loads(json.dumps(now[k], default=str)) != dumped.get(k)]
     if differ:
@@ -86,15 +90,17 @@ class RolloutDump:
     """--rollout_dump_dir: writes the manifest at the start (or checks the one a resumed run finds there) and one
     file per step."""
 
-    def __init__(self, cfg: PPOConfig) -> None:
+    def __init__(self, cfg: PPOConfig, resolved: dict[str, Any] | None = None) -> None:
+        """`resolved`: the flags the run resolved (build_setup's plan), recorded instead of the values given."""
         self.folder = Path(cfg.rollout_dump_dir or "")
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / MANIFEST
         if path.exists():  # a resumed run (or a second run into the same folder): it must be the same run
-            check_compatible(path, _read_manifest(path, "--rollout_dump_dir"), cfg, "--rollout_dump_dir")
+            check_compatible(path, _read_manifest(path, "--rollout_dump_dir"), cfg, "--rollout_dump_dir", resolved)
             return
-        config = json.loads(json.dumps(config_to_dict(cfg), default=str))
-        manifest = {"format": FORMAT, "settings": json.loads(json.dumps(manifest_settings(cfg), default=str)),
+        config = json.loads(json.dumps({**config_to_dict(cfg), **(resolved or {})}, default=str))
+        manifest = {"format": FORMAT, "settings": json.loads(json.dumps(manifest_settings(cfg, resolved),
+                                                                        default=str)),
                     "config": config}
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(manifest, indent=2))
@@ -115,7 +121,8 @@ class RolloutDump:
 class RolloutReplay:
     """--rollout_replay_dir: checks the manifest against this run's settings, then reads each step's file."""
 
-    def __init__(self, cfg: PPOConfig) -> None:
+    def __init__(self, cfg: PPOConfig, resolved: dict[str, Any] | None = None) -> None:
+        """`resolved`: the flags the run resolved (build_setup's plan), compared instead of the values given."""
         self.folder = Path(cfg.rollout_replay_dir or "")
         if not self.folder.is_dir():
             raise ConfigError(f"--rollout_replay_dir {self.folder}: no such folder (give the --rollout_dump_dir of "
@@ -124,7 +131,7 @@ class RolloutReplay:
         if not path.exists():
             raise ConfigError(f"--rollout_replay_dir: {path} is missing; the folder was not written by a run with "
                               "--rollout_dump_dir")
-        check_compatible(path, _read_manifest(path, "--rollout_replay_dir"), cfg, "--rollout_replay_dir")
+        check_compatible(path, _read_manifest(path, "--rollout_replay_dir"), cfg, "--rollout_replay_dir", resolved)
         steps = dumped_steps(self.folder)
         log.info("--rollout_replay_dir %s: rollouts of %d step(s)%s; no rollout engines are started", self.folder,
                  len(steps), f" ({steps[0]}..{steps[-1]})" if steps else "")

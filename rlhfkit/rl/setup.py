@@ -1,5 +1,7 @@
 """Set-up of an online run: Ray, data, model groups and their placement (`rlhfkit.rl.placement`), rollout engines,
-rewards, resume; the flags are checked first (`rlhfkit.rl.validate`).
+rewards, resume; the flags are checked first (`rlhfkit.rl.validate`), which makes the run's plan
+(`rlhfkit.config.plan.RunPlan`); the set-up completes it against the cluster and the engines and keeps it on the
+`RLSetup`, where everything reads the derived facts. The user's config object is never written to.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,12 +20,12 @@ from rlhfkit.agents.environment import AgentSpec, load_agent
 from rlhfkit.algorithms.rewards import AdaptiveKLController, FixedKLController
 from rlhfkit.config.commands import PPOConfig, PrecisionRecord
 from rlhfkit.config.optim_options import role_learning_rate
-from rlhfkit.config.plan import DISTILL_ESTIMATOR, RLPlan, reference_model, resolve_plan
+from rlhfkit.config.plan import RunPlan
 from rlhfkit.config.rl_options import prompt_bound
 from rlhfkit.config.validate import need
 from rlhfkit.data.prompts import build_prompt_samples
 from rlhfkit.data.readers import blend_datasets
-from rlhfkit.engine.precision import apply_precision
+from rlhfkit.engine.precision import apply_precision, engine_dtype_of
 from rlhfkit.errors import ConfigError, RemoteCallError
 from rlhfkit.launch.preflight import preflight
 from rlhfkit.launch.ray_cluster import cluster_has_gpus, start_ray
@@ -30,13 +33,13 @@ from rlhfkit.models.loading import load_tokenizer, resolve_pretrain, stop_token_
 from rlhfkit.models.vocabulary import check_same_tokenizer
 from rlhfkit.observability.mfu import FlopModel
 from rlhfkit.observability.placement import record_placement
-from rlhfkit.observability.run import prepare_run_dir, record_resume
+from rlhfkit.observability.run import prepare_run_dir, record_resume, resolve_run_dir
 from rlhfkit.rewards.sandbox import manifest_entries as sandbox_manifest_entries
 from rlhfkit.rl.colocation import Phases
 from rlhfkit.rl.group import ModelGroup, Pending
 from rlhfkit.rl.make_experience import PromptStream
 from rlhfkit.rl.placement import Placement, collect_whereabouts, plan_placement
-from rlhfkit.rl.reward_group import RolloutRewards, model_specs, text_sources
+from rlhfkit.rl.reward_group import RolloutRewards, text_sources
 from rlhfkit.rl.rollout_dump import RolloutDump, RolloutReplay
 from rlhfkit.rl.sync_check import SyncCheck
 from rlhfkit.rl.validate import validate_rl
@@ -54,6 +57,7 @@ InitCall = tuple[ModelGroup, str, Callable[[], Pending[list[int]]]]
 @dataclass
 class RLSetup:
     cfg: PPOConfig
+    plan: RunPlan                                             # the facts derived once (config/plan.py)
     tokenizer: Any
     prompts: list[dict]
     eval_prompts: list[dict]
@@ -77,7 +81,6 @@ class RLSetup:
     sync_check: SyncCheck | None = None                       # engines vs trainer log-probs after each sync
     flops: FlopModel | None = None                            # the actor's FLOPs per token (perf/mfu_* metrics)
     kl_ctl: Any = None                                        # KL coefficient: fixed, or adaptive (--kl_target)
-    plan: RLPlan | None = None                                # the facts derived from the flags (config/plan.py)
     engine_factory: Any = None                                # (indices) -> new engines k (restarts; own engines)
     best: Any = None                                          # --best_metric_key: rlhfkit.engine.best.BestTracker
     vision: VisionInputs | None = None                        # --image_key: the processor (rl/vision_batch.py)
@@ -118,7 +121,7 @@ class RLSetup:
                              self.cfg.max_ckpt_num)
         if self.cfg.save_hf_ckpt:
             self.actor.call(ModelWorker.save_hf, f"{self.cfg.ckpt_path}/actor/global_step{step}/hf",
-                            need(self.cfg.pretrain, "--pretrain"))
+                            need(self.plan.model_path, "--pretrain"))
 
     def close(self) -> None:
         """Free what this run created: model ranks, placement groups, its own engines, its own Ray cluster."""
@@ -138,17 +141,21 @@ class RLSetup:
             ray.shutdown()
 
 
-def kl_controller(cfg: PPOConfig) -> AdaptiveKLController | FixedKLController:
-    """The KL coefficient of each step: adaptive from --init_kl_coef with --kl_target (updated by the loop after
-    every step from the measured KL, over --rollout_batch_size x --n_samples_per_prompt samples), else fixed."""
+def kl_controller(cfg: PPOConfig, plan: RunPlan | None = None) -> AdaptiveKLController | FixedKLController:
+    """The KL coefficient of each step: adaptive from --init_kl_coef (the plan's) with --kl_target (updated by the
+    loop after every step from the measured KL, over --rollout_batch_size x --n_samples_per_prompt samples), else
+    fixed."""
+    init = plan.init_kl_coef if plan is not None else cfg.init_kl_coef
     if cfg.kl_target is not None:
-        return AdaptiveKLController(cfg.init_kl_coef, cfg.kl_target, cfg.kl_horizon)
-    return FixedKLController(cfg.init_kl_coef)
+        return AdaptiveKLController(init, cfg.kl_target, cfg.kl_horizon)
+    return FixedKLController(init)
 
 
-def load_prompts(cfg: PPOConfig, tokenizer: Any, spec: str, split: str, probs: str | None = None) -> list[dict]:
+def load_prompts(cfg: PPOConfig, tokenizer: Any, spec: str, split: str, probs: str | None = None,
+                 model_path: str | None = None) -> list[dict]:
+    """The prompt samples of `spec` (`model_path`: the resolved --pretrain, whose processor places the images)."""
     rows = blend_datasets(spec, probs, split=split, seed=cfg.seed, max_samples=cfg.max_samples)
-    images = image_column(cfg, spec) if cfg.image_key else None  # --image_key: rl/vision_batch.py
+    images = image_column(cfg, spec, model_path) if cfg.image_key else None  # --image_key: rl/vision_batch.py
     samples, stats = build_prompt_samples(rows, tokenizer, input_key=cfg.input_key, label_key=cfg.label_key,
                                           input_template=cfg.input_template,
                                           apply_chat_template=cfg.apply_chat_template,
@@ -161,11 +168,12 @@ def load_prompts(cfg: PPOConfig, tokenizer: Any, spec: str, split: str, probs: s
     return samples
 
 
-def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: PPOConfig, total_updates: int, reward_specs: list[str],
-            placement: Placement, made: list[ModelGroup], critic_specs: list[str] | None = None):
+def _groups(cfg: PPOConfig, plan: RunPlan, total_updates: int, reward_specs: list[str], placement: Placement,
+            made: list[ModelGroup], critic_specs: list[str] | None = None):
     """Create and initialise the model groups (appending each to `made` as soon as it exists, for clean-up).
     `reward_specs`: the reward models to load (none in a replay); `critic_specs`: the run's reward models, the first
-    of which initialises the critic without --critic_pretrain (default: `reward_specs`).
+    of which initialises the critic without --critic_pretrain (default: `reward_specs`). Each rank gets the
+    typed config and the run's plan (Ray pickles both).
 
     On CPU every rank computes on the node's cores split among all model ranks per node (`cpu_threads_share`):
     the roles' forwards run side by side in the log-prob phase."""
@@ -175,24 +183,25 @@ def _groups(cfg: PPOConfig, plan: RLPlan, worker_cfg: PPOConfig, total_updates: 
 
     def group(role: str, key: str) -> ModelGroup:
         pg = placement.groups[key]
-        made.append(ModelGroup(role, worker_cfg, pg, plan.world(role), plan.nodes(role), placement.share(key), share))
+        made.append(ModelGroup(role, cfg, pg, plan.world(role), plan.nodes(role), placement.share(key), share,
+                               plan=plan))
         return made[-1]
 
     actor = group("actor", "actor")
     init = ModelWorker.init_model
-    pretrain = need(cfg.pretrain, "--pretrain")
-    pending: list[InitCall] = [(actor, pretrain, partial(actor.call_async, init, pretrain, True, total_updates,
-                                                         role_learning_rate(cfg, "actor")))]
+    model_path = need(plan.model_path, "--pretrain")
+    pending: list[InitCall] = [(actor, model_path, partial(actor.call_async, init, model_path, True, total_updates,
+                                                           role_learning_rate(cfg, "actor")))]
     ref = None
     if need_ref:
         ref = group("ref", "ref")
-        ref_spec = resolve_pretrain(reference_model(cfg))
+        ref_spec = resolve_pretrain(need(plan.reference_model, "--ref_pretrain"))
         pending.append((ref, ref_spec, partial(ref.call_async, init, ref_spec, False)))
     critic = None
     if has_critic:
         critic = group("critic", "critic")
         critic_specs = reward_specs if critic_specs is None else critic_specs
-        critic_spec = cfg.critic_pretrain or (critic_specs[0] if critic_specs else pretrain)
+        critic_spec = cfg.critic_pretrain or (critic_specs[0] if critic_specs else model_path)
         pending.append((critic, critic_spec, partial(critic.call_async, init, critic_spec, True, total_updates,
                                                      role_learning_rate(cfg, "critic"), True)))
     rewards = []
@@ -233,20 +242,21 @@ def cfg_name(spec: str) -> str:
     return spec.rsplit("/", 1)[-1]
 
 
-def _engines(cfg: PPOConfig, path: str, placement: Placement, indices: list[int] | None = None) -> list[Any]:
-    """The run's rollout engines from the flags; `indices`: only those engines, with their own options (a restart
-    after a fault, `rlhfkit.rl.engine_faults`)."""
+def _engines(cfg: PPOConfig, plan: RunPlan, placement: Placement, indices: list[int] | None = None) -> list[Any]:
+    """The run's rollout engines from the flags and the plan (the model folder, the engine dtype, the run folder);
+    `indices`: only those engines, with their own options (a restart after a fault, `rlhfkit.rl.engine_faults`)."""
     from rlhfkit.launch.engine_spec import vllm_engine_spec
     from rlhfkit.rollout.vllm_engine import ENGINE_DTYPES, create_vllm_engines
 
-    log_dir = None if cfg.verbose or not cfg.run_dir else os.path.join(cfg.run_dir, "logs")  # engine<k>.log
+    path = need(plan.model_path, "--pretrain")
+    log_dir = None if cfg.verbose or not plan.run_dir else os.path.join(plan.run_dir, "logs")  # engine<k>.log
     if cfg.rollout_backend == "hf":
         from rlhfkit.rollout.hf_engine import create_hf_engines
 
-        return create_hf_engines(cfg.vllm_num_engines, path, dtype=ENGINE_DTYPES[cfg.vllm_dtype], log_dir=log_dir,
+        return create_hf_engines(cfg.vllm_num_engines, path, dtype=ENGINE_DTYPES[plan.engine_dtype], log_dir=log_dir,
                                  indices=indices)
 
-    options = vllm_engine_spec(cfg, dtype=cfg.vllm_dtype, seed=cfg.seed).kwargs()  # vllm_dtype: by apply_precision
+    options = vllm_engine_spec(cfg, dtype=plan.engine_dtype, seed=cfg.seed).kwargs()  # resolved in the plan
     if "engines" in placement.groups:  # --colocate_all_models: engine k on the actor's bundle k (x TP)
         share = placement.share("engines")
         options.update(placement_group=placement.groups["engines"], num_gpus_per_engine=share,
@@ -267,16 +277,17 @@ def lora_engine_rank(cfg: PPOConfig) -> int:
     return engine_max_lora_rank(cfg.lora_rank)
 
 
-def resolve_run_lora_sync(cfg: PPOConfig, engines: list[Any]) -> None:
-    """Set cfg.lora_sync to adapter or merged (--lora_sync auto resolved against the engines), logging the reason
-    once when the run trains LoRA."""
+def resolve_run_lora_sync(cfg: PPOConfig, engines: list[Any]) -> str:
+    """--lora_sync resolved against the engines: adapter or merged (auto decided), logging the reason once when the
+    run trains LoRA."""
     from rlhfkit.launch.engine_spec import lora_sync_spec
     from rlhfkit.rollout.lora_sync import resolve_lora_sync
 
     infos = RemoteActors(engines, role="engine").call(RolloutEngine.weight_sync_info)
-    cfg.lora_sync, reason = resolve_lora_sync(lora_sync_spec(cfg), infos)
+    mode, reason = resolve_lora_sync(lora_sync_spec(cfg), infos)
     if cfg.lora_rank > 0:
-        log.info("LoRA weight sync: %s (%s)", cfg.lora_sync, reason)
+        log.info("LoRA weight sync: %s (%s)", mode, reason)
+    return mode
 
 
 def build_rewards(cfg: PPOConfig, tokenizer: Any, groups: list[ModelGroup], specs: list[str]) -> RolloutRewards:
@@ -324,37 +335,40 @@ def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = No
     reward model, reward function or agent environment is loaded (the dump holds the rewards), and there is no
     weight-sync check (nothing to compare the trainer with: the rollout/* log-prob mismatch metrics compare it with
     the dumped engine log-probs instead)."""
-    validate_rl(cfg)
+    plan = validate_rl(cfg)  # the run's plan, made once from the flags; completed below, never re-derived
     replay = bool(cfg.rollout_replay_dir)
     if replay:
         engines = []
-    if cfg.advantage_estimator == DISTILL_ESTIMATOR:  # the teacher scores the student's token ids
-        check_same_tokenizer(need(cfg.pretrain, "--pretrain"), reference_model(cfg),
+    if plan.distill:  # the teacher scores the student's token ids
+        check_same_tokenizer(need(cfg.pretrain, "--pretrain"), need(plan.reference_model, "--teacher_model"),
                              teacher_flag="--teacher_model" if cfg.teacher_model else "--ref_pretrain")
     set_process_deadlines(cfg)
     preflight(cfg, engines)  # model context, host devices and RAM, the user's .py files: before Ray starts
     agent = load_agent(cfg.agent_func_path, cfg.agent_action_max_len) if cfg.agent_func_path and not replay else None
     owns_ray = start_ray(cfg)
     has_gpus = cluster_has_gpus()
-    plan = resolve_plan(cfg, has_gpus)  # the derived facts, the weight transport resolved against this cluster
-    cfg.vllm_sync_backend = _resolved_transport(plan)
-    # before worker_cfg (workers get concrete dtypes); the driver never creates a CUDA context of its own
+    # the driver never creates a CUDA context of its own; the workers get the plan's concrete dtypes
     precision = apply_precision(cfg, "cuda" if has_gpus else "cpu", touch_device=False)
+    plan = plan.on_cluster(has_gpus, precision=precision, trainer_dtype=precision.dtype,
+                           engine_dtype=need(engine_dtype_of(cfg, precision), "--vllm_dtype"),
+                           run_dir=str(resolve_run_dir(cfg)))  # the weight transport resolved against this cluster
     run_dir = prepare_run_dir(cfg, True, plan.world("actor"), torchrun=False,  # the driver starts the ranks
-                              extra=sandbox_manifest_entries(cfg))
-    pretrain = cfg.pretrain = resolve_pretrain(need(cfg.pretrain, "--pretrain"))
-    rollout_replay = RolloutReplay(cfg) if replay else None  # the dump's settings checked before any model loads
-    rollout_dump = RolloutDump(cfg) if cfg.rollout_dump_dir else None
+                              extra=sandbox_manifest_entries(cfg), run_dir=Path(need(plan.run_dir, "--run_dir")),
+                              resolved=plan.resolved_flags(), precision=precision)
+    plan = plan.with_model_path(resolve_pretrain(need(cfg.pretrain, "--pretrain")))
+    pretrain = need(plan.model_path, "--pretrain")
+    rollout_replay = RolloutReplay(cfg, plan.resolved_flags()) if replay else None  # checked before any model loads
+    rollout_dump = RolloutDump(cfg, plan.resolved_flags()) if cfg.rollout_dump_dir else None
     tokenizer = _policy_tokenizer(cfg, pretrain)
-    check_vision_model(cfg)
+    check_vision_model(cfg, pretrain)
     vision = VisionInputs.load(pretrain) if cfg.image_key else None
     prompts = load_prompts(cfg, tokenizer, need(cfg.prompt_data, "--prompt_data"), cfg.prompt_split,
-                           cfg.prompt_data_probs)
-    eval_prompts = load_prompts(cfg, tokenizer, cfg.eval_dataset, cfg.eval_split) if cfg.eval_dataset else []
+                           cfg.prompt_data_probs, model_path=pretrain)
+    eval_prompts = load_prompts(cfg, tokenizer, cfg.eval_dataset, cfg.eval_split, model_path=pretrain) \
+        if cfg.eval_dataset else []
     ptx = load_ptx(cfg, tokenizer)
     total_steps, updates = _step_counts(cfg, len(prompts))
-    worker_cfg = cfg  # the typed config itself: Ray pickles it to each rank (vllm_dtype etc. resolved above)
-    critic_specs = [resolve_pretrain(spec) for spec in model_specs(cfg)]
+    critic_specs = [resolve_pretrain(spec) for spec in plan.reward_models]
     reward_specs = [] if replay else critic_specs  # a replay's rewards are in the dump
     _check_reward_tokenizers(tokenizer, reward_specs)
     _check_engine_colocation(cfg, plan, engines is None)
@@ -362,16 +376,15 @@ def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = No
     made: list[ModelGroup] = []
     owns_engines = engines is None
     try:
-        actor, ref, critic, reward_groups = _groups(cfg, plan, worker_cfg, updates, reward_specs, placement, made,
-                                                    critic_specs)
+        actor, ref, critic, reward_groups = _groups(cfg, plan, updates, reward_specs, placement, made, critic_specs)
         if engines is None:
-            engines = _engines(cfg, pretrain, placement)
+            engines = _engines(cfg, plan, placement)
         sync_check = None
         if not replay:
-            resolve_run_lora_sync(cfg, engines)
+            plan = plan.with_lora_sync(resolve_run_lora_sync(cfg, engines))
             if not owns_engines:  # reused engines start from this run's initial weights
-                push_actor_weights(actor, engines, cfg)
-            sync_check = SyncCheck.from_run(vision.probe_prompts(prompts) if vision else prompts, cfg)
+                push_actor_weights(actor, engines, cfg, plan)
+            sync_check = SyncCheck.from_run(vision.probe_prompts(prompts) if vision else prompts, cfg, plan)
             sync_check.check(actor, engines, "start (engines loaded from --pretrain)" if owns_engines
                              else "start (this run's weights pushed into the given engines)")
         reward_fn = None if agent or replay else build_rewards(cfg, tokenizer, reward_groups, reward_specs)
@@ -382,15 +395,15 @@ def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = No
     from transformers import AutoConfig
 
     flops = FlopModel.from_config(AutoConfig.from_pretrained(pretrain), actor.params)
-    s = RLSetup(cfg, tokenizer, prompts, eval_prompts, actor, ref, critic, engines, reward_fn, stop_ids, total_steps,
-                owns_ray=owns_ray, owns_engines=owns_engines, rewards=reward_groups, ptx=ptx,
+    s = RLSetup(cfg, plan, tokenizer, prompts, eval_prompts, actor, ref, critic, engines, reward_fn, stop_ids,
+                total_steps, owns_ray=owns_ray, owns_engines=owns_engines, rewards=reward_groups, ptx=ptx,
                 placement_groups=placement.owned, agent=agent, flops=flops, sync_check=sync_check)
-    s.plan, s.best, s.vision = plan, best, vision
+    s.best, s.vision = best, vision
     s.rollout_dump, s.rollout_replay = rollout_dump, rollout_replay
     s.phases = Phases.from_config(cfg, engines, [actor, critic], has_gpus)
     if owns_engines:  # engines the run created can be restarted after a fault (--max_engine_restarts)
-        s.engine_factory = partial(_engines, cfg, pretrain, placement)
-    s.kl_ctl = kl_controller(cfg)
+        s.engine_factory = partial(_engines, cfg, plan, placement)
+    s.kl_ctl = kl_controller(cfg, plan)
     s.summary = _summary(s, reward_specs, updates, precision)
     record_placement(run_dir, collect_whereabouts(s.groups, engines))
     try:
@@ -400,13 +413,6 @@ def build_setup(cfg: PPOConfig, engines: list[Any] | None = None, best: Any = No
         s.close()
         raise
     return s
-
-
-def _resolved_transport(plan: RLPlan) -> str:
-    """The weight transport `resolve_plan(cfg, has_gpus)` chose for this cluster (ray, gloo or nccl)."""
-    if plan.sync_transport is None:
-        raise RuntimeError("resolve_plan was not given the cluster's devices: the weight transport is unresolved")
-    return plan.sync_transport
 
 
 def _policy_tokenizer(cfg: PPOConfig, pretrain: str) -> Any:
@@ -429,7 +435,7 @@ def _step_counts(cfg: PPOConfig, num_prompts: int) -> tuple[int, int]:
     return total_steps, total_steps * cfg.max_epochs * max(1, -(-buffer // cfg.train_batch_size))
 
 
-def _check_engine_colocation(cfg: PPOConfig, plan: RLPlan, create_engines: bool) -> None:
+def _check_engine_colocation(cfg: PPOConfig, plan: RunPlan, create_engines: bool) -> None:
     """--colocate_all_models puts one engine shard on each of the actor's bundles (the run's own engines only)."""
     if create_engines and cfg.colocate_all_models and \
             cfg.vllm_num_engines * cfg.vllm_tensor_parallel_size != plan.world("actor"):
@@ -442,19 +448,19 @@ def _summary(s: RLSetup, reward_specs: list[str], updates: int, precision: Preci
     """The derived-quantities table printed at the start of the run (`print_derived_table`)."""
     cfg, actor, ref, critic = s.cfg, s.actor, s.ref, s.critic
     reference = ref.world_size if ref else "off (init_kl_coef 0)"
-    if ref is not None and cfg.advantage_estimator == DISTILL_ESTIMATOR:
-        reference = f"{ref.world_size} x teacher {reference_model(cfg)}"
+    if ref is not None and s.plan.distill:
+        reference = f"{ref.world_size} x teacher {s.plan.reference_model}"
     summary = {"actor ranks": actor.world_size, "reference": reference,
                "critic": critic.world_size if critic else "off",
                "reward models": ", ".join(f"{g.world_size} x {spec}" for spec, g in zip(reward_specs, s.rewards))
                or "none", "reward": _reward_name(s), "placement": _layout(cfg),
                "rollout engines": len(s.engines), "backend": cfg.rollout_backend,
-               "weight sync": cfg.vllm_sync_backend, "prompts": len(s.prompts),
+               "weight sync": s.plan.transport, "prompts": len(s.prompts),
                "eval prompts": len(s.eval_prompts),
                "samples per step": cfg.rollout_batch_size * cfg.n_samples_per_prompt,
                "optimizer steps per rollout": updates // max(1, s.total_steps), "total steps": s.total_steps,
                "estimator": cfg.advantage_estimator, "precision": precision.summary(),
-               "engine dtype": cfg.vllm_dtype, "compute threads": _threads_line(actor, s.engines)}
+               "engine dtype": s.plan.engine_dtype, "compute threads": _threads_line(actor, s.engines)}
     if s.ptx is not None:
         summary["ptx samples"] = len(s.ptx.samples)
     return summary
@@ -515,18 +521,18 @@ def _resume(s: RLSetup) -> None:
         s.kl_ctl.load_state_dict(states[0]["kl_ctl"])
     if getattr(s, "best", None) is not None:
         s.best.load_state(states[0].get("best_metric"))
-    notes = [f"actor {record_resume(s.cfg.run_dir, 'actor', states[0])}"]
+    notes = [f"actor {record_resume(s.plan.run_dir, 'actor', states[0])}"]
     if critic_state is not None:
-        notes.append(f"critic {record_resume(s.cfg.run_dir, 'critic', critic_state)}")
+        notes.append(f"critic {record_resume(s.plan.run_dir, 'critic', critic_state)}")
     if s.engines:  # none in a replay
-        push_actor_weights(s.actor, s.engines, s.cfg)
+        push_actor_weights(s.actor, s.engines, s.cfg, s.plan)
     log.info("resumed at step %d (prompt cursor %d; %s); engine weights synced", s.start_step, s.start_cursor,
              ", ".join(notes))
 
 
 def save_final(s: RLSetup) -> None:
-    s.actor.call(ModelWorker.save_hf, s.cfg.save_path, need(s.cfg.pretrain, "--pretrain"))
+    s.actor.call(ModelWorker.save_hf, s.cfg.save_path, need(s.plan.model_path, "--pretrain"))
     log.info("saved the policy to %s", s.cfg.save_path)
     if s.critic is not None and s.cfg.save_value_network:
-        s.critic.call(ModelWorker.save_hf, f"{s.cfg.save_path}_critic", need(s.cfg.pretrain, "--pretrain"))
+        s.critic.call(ModelWorker.save_hf, f"{s.cfg.save_path}_critic", need(s.plan.model_path, "--pretrain"))
         log.info("saved the critic to %s_critic", s.cfg.save_path)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlhfkit.config.commands import PPOConfig
+from rlhfkit.config.plan import RunPlan
 from rlhfkit.errors import WeightSyncMismatch
 
 log = logging.getLogger("rlhfkit")
@@ -70,16 +71,18 @@ class SyncCheck:
     start_diff: float | None = None    # the worst engine's diff at the first check
 
     @classmethod
-    def from_run(cls, prompts: list[dict], cfg: PPOConfig) -> SyncCheck:
+    def from_run(cls, prompts: list[dict], cfg: PPOConfig, plan: RunPlan | None = None) -> SyncCheck:
         """The probe prompts from the run's first prompts, cut to fit the engines' context (--prompt_max_len +
-        --generate_max_len, at most --max_len) with room for the sampled response."""
+        --generate_max_len, at most --max_len) with room for the sampled response; the trainer and engine dtypes are
+        the run plan's (resolved), else the flags'."""
         from rlhfkit.config.rl_options import context_len
 
         room = context_len(cfg.prompt_max_len, cfg.generate_max_len, cfg.max_len)
         response_tokens = max(1, min(PROBE_RESPONSE_TOKENS, cfg.generate_max_len, room // 2))
         keep = min(PROBE_PROMPT_TOKENS, room - response_tokens)
         probe = [list(p["prompt_ids"][-keep:]) for p in prompts[:PROBE_SEQUENCES]]
-        return cls(probe, response_tokens, cfg.seed, cfg.sync_logprob_tolerance, cfg.param_dtype, cfg.vllm_dtype)
+        dtypes = (plan.trainer_dtype, plan.engine_dtype) if plan is not None else (cfg.param_dtype, cfg.vllm_dtype)
+        return cls(probe, response_tokens, cfg.seed, cfg.sync_logprob_tolerance, *dtypes)
 
     @property
     def off(self) -> bool:

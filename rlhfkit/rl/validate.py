@@ -1,5 +1,7 @@
 """Checks of the `ppo` flags before anything starts (`validate_rl`): contradictions and values the run cannot use
-raise a ConfigError naming the flags and what to do; the doubtful ones log a warning."""
+raise a ConfigError naming the flags and what to do; the doubtful ones log a warning. The run's plan
+(`rlhfkit.config.plan.RunPlan`) is made here, once (`plan_run`): validation checks it, build_setup completes it
+against the cluster."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from pathlib import Path
 from rlhfkit.algorithms.offpolicy import IS_CORRECTION_PRESETS
 from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.optim_options import validate_optim
-from rlhfkit.config.plan import DISTILL_ESTIMATOR, RLPlan, reference_model, resolve_plan
+from rlhfkit.config.plan import RunPlan, reference_model, resolve_plan
 from rlhfkit.config.validate import check_loader_workers, require
 from rlhfkit.engine.ema import validate_ema
 from rlhfkit.errors import ConfigError
@@ -22,8 +24,14 @@ from rlhfkit.rl.vision_batch import validate_vision
 log = logging.getLogger("rlhfkit")
 
 
-def validate_rl(cfg: PPOConfig) -> None:
-    """Every check of the ppo flags that needs no cluster (build_setup runs it first; the tests call it alone)."""
+def plan_run(cfg: PPOConfig) -> RunPlan:
+    """The run's plan from its flags (`resolve_plan`, with the --reward_pretrain specs that are reward models)."""
+    return resolve_plan(cfg, reward_models=tuple(model_specs(cfg)))
+
+
+def validate_rl(cfg: PPOConfig) -> RunPlan:
+    """Every check of the ppo flags that needs no cluster (build_setup runs it first; the tests call it alone);
+    returns the run's plan it checked (`plan_run`), which build_setup completes against the cluster."""
     require(cfg, "pretrain", "prompt_data")
     check_loader_workers(cfg)
     if cfg.agent_func_path and (cfg.remote_rm_url or cfg.reward_pretrain):
@@ -49,7 +57,7 @@ def validate_rl(cfg: PPOConfig) -> None:
 
         if (blocker := adapter_sync_blocker(lora_sync_spec(cfg))) is not None:
             raise ConfigError(f"--lora_sync adapter cannot work here: {blocker}. Use --lora_sync merged (or auto)")
-    plan = resolve_plan(cfg)
+    plan = plan_run(cfg)
     validate_vision(cfg, plan.needs_critic)
     validate_ring(cfg, {role: plan.world(role) for role, used in (("actor", True), ("ref", plan.needs_ref),
                                                                   ("critic", plan.needs_critic)) if used})
@@ -71,7 +79,7 @@ def validate_rl(cfg: PPOConfig) -> None:
                           "needs a 4D block mask, which only sdpa and eager honour; use one of them, or drop "
                           "--packing_samples")
     _validate_algorithm_flags(cfg)
-    _validate_distill(cfg)
+    _validate_distill(cfg, plan)
     validate_ema(cfg)
     if cfg.dynamic_filtering and cfg.n_samples_per_prompt < 2:
         raise ConfigError("--dynamic_filtering needs --n_samples_per_prompt >= 2")
@@ -104,6 +112,7 @@ def validate_rl(cfg: PPOConfig) -> None:
                     "the policy loss with truncated importance weights")
     dump_steps(cfg.debug_dump_steps)  # ConfigError on a bad value
     _validate_colocation(cfg, plan)
+    return plan
 
 
 def _validate_replay(cfg: PPOConfig) -> None:
@@ -175,14 +184,14 @@ def _validate_algorithm_flags(cfg: PPOConfig) -> None:
         raise ConfigError(f"--stop_properly_penalty_coef {coef}: a scale in [0, 1], or a fixed reward < 0")
 
 
-def _validate_distill(cfg: PPOConfig) -> None:
+def _validate_distill(cfg: PPOConfig, plan: RunPlan) -> None:
     """On-policy distillation's flags (--advantage_estimator on_policy_distill): a teacher, named once, and none of
     the reference-KL flags (the reference role holds the teacher); its flags refused on other estimators."""
     opd_flags = [f"--{name} {value}" for name, value, default in (("teacher_model", cfg.teacher_model, None),
                                                                   ("opd_kl_coef", cfg.opd_kl_coef, 1.0),
                                                                   ("opd_reward_weight", cfg.opd_reward_weight, 0.0))
                  if value != default]
-    if cfg.advantage_estimator != DISTILL_ESTIMATOR:
+    if not plan.distill:
         if opd_flags:
             raise ConfigError(f"{', '.join(opd_flags)}: on-policy distillation flags, but --advantage_estimator is "
                               f"{cfg.advantage_estimator}: add --advantage_estimator on_policy_distill, or drop them")
@@ -190,7 +199,8 @@ def _validate_distill(cfg: PPOConfig) -> None:
     if cfg.teacher_model and cfg.ref_pretrain:
         raise ConfigError(f"--teacher_model {cfg.teacher_model} and --ref_pretrain {cfg.ref_pretrain}: with "
                           "on_policy_distill the reference role loads the teacher, so give it once (--teacher_model)")
-    reference_model(cfg)  # ConfigError without a teacher
+    if plan.reference_model is None:
+        reference_model(cfg)  # the ConfigError naming --teacher_model
     if cfg.use_kl_loss or cfg.kl_target is not None:
         given = "--use_kl_loss" if cfg.use_kl_loss else f"--kl_target {cfg.kl_target}"
         raise ConfigError(f"{given} with --advantage_estimator on_policy_distill: the reference role holds the "
@@ -206,10 +216,10 @@ def _validate_distill(cfg: PPOConfig) -> None:
         raise ConfigError(f"--opd_reward_weight {cfg.opd_reward_weight}: must be >= 0 (0: pure distillation)")
 
 
-def _validate_colocation(cfg: PPOConfig, plan: RLPlan) -> None:
+def _validate_colocation(cfg: PPOConfig, plan: RunPlan) -> None:
     """Colocated roles share bundles rank for rank, so their rank counts must match (as in OpenRLHF)."""
     has_critic = plan.needs_critic
-    has_rm = bool(model_specs(cfg))
+    has_rm = bool(plan.reward_models)
     pairs: list[tuple[str, str, bool]] = []  # (role, role colocated with it, whether the run has the second)
     if cfg.colocate_all_models:
         pairs = [("actor", role, used) for role, used in (("ref", plan.needs_ref), ("critic", has_critic),

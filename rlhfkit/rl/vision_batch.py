@@ -46,9 +46,10 @@ def is_vision_language(path: str) -> bool:
         return "vision_config" in json.load(handle)
 
 
-def keeps_vision_tower(cfg: PPOConfig) -> bool:
-    """Whether the weight sync leaves the vision tower out: a vision-language actor with --freeze_vision_tower."""
-    return cfg.freeze_vision_tower and is_vision_language(need(cfg.pretrain, "--pretrain"))
+def keeps_vision_tower(cfg: PPOConfig, model_path: str | None = None) -> bool:
+    """Whether the weight sync leaves the vision tower out: a vision-language actor with --freeze_vision_tower
+    (`model_path`: the run plan's resolved --pretrain, else the flag)."""
+    return cfg.freeze_vision_tower and is_vision_language(need(model_path or cfg.pretrain, "--pretrain"))
 
 
 def validate_vision(cfg: PPOConfig, needs_critic: bool) -> None:
@@ -79,14 +80,15 @@ def validate_vision(cfg: PPOConfig, needs_critic: bool) -> None:
             raise ConfigError(f"{flag} with --image_key is not supported: {why}")
 
 
-def check_vision_model(cfg: PPOConfig) -> None:
-    """--image_key needs a vision-language --pretrain (checked once --pretrain is resolved to a folder)."""
-    if cfg.image_key and not is_vision_language(cfg.pretrain):
+def check_vision_model(cfg: PPOConfig, model_path: str | None = None) -> None:
+    """--image_key needs a vision-language --pretrain (checked once --pretrain is resolved to a folder:
+    `model_path`, the run plan's; else the flag)."""
+    if cfg.image_key and not is_vision_language(model_path or cfg.pretrain):
         raise ConfigError(f"--image_key {cfg.image_key}: --pretrain {cfg.pretrain} is not a vision-language model "
                           "(its config.json has no vision_config); give a vision-language folder or drop --image_key")
 
 
-def image_column(cfg: PPOConfig, spec: str) -> Any:
+def image_column(cfg: PPOConfig, spec: str, model_path: str | None = None) -> Any:
     """The `ImageColumn` of a prompt data spec (relative image paths resolved against a single file's folder; the
     placeholder is the --pretrain processor's)."""
     from rlhfkit.data.prompts import ImageColumn
@@ -96,7 +98,7 @@ def image_column(cfg: PPOConfig, spec: str) -> Any:
     if "," not in spec:
         base = os.path.dirname(os.path.abspath(spec)) if os.path.isfile(spec) else spec if os.path.isdir(spec) \
             else None
-    placeholder = image_placeholder(load_processor(need(cfg.pretrain, "--pretrain")))
+    placeholder = image_placeholder(load_processor(need(model_path or cfg.pretrain, "--pretrain")))
     return ImageColumn(need(cfg.image_key, "--image_key"), cfg.max_images_per_prompt, placeholder, base, spec)
 
 

@@ -12,7 +12,7 @@
 
 `--lora_sync` (with --lora_rank): `merged` sends the full weights with the adapters merged in; `adapter` sends only
 the LoRA A/B tensors, which the engines serve on their unchanged base (`rlhfkit.rollout.lora_sync`). The driver
-resolves auto once the engines exist (`resolve_lora_sync`) and stores the result in `cfg.lora_sync`.
+resolves auto once the engines exist (`resolve_lora_sync`) and keeps the result in the run's plan.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlhfkit.config.commands import PPOConfig
+from rlhfkit.config.plan import RunPlan
 from rlhfkit.rl.group import ModelGroup
 from rlhfkit.rl.vision_batch import keeps_vision_tower
 from rlhfkit.rl.worker import ModelWorker
@@ -27,17 +28,17 @@ from rlhfkit.rollout.types import SyncStats
 from rlhfkit.rollout.weight_sync import sync_weights
 
 
-def push_actor_weights(actor: ModelGroup, engines: list[Any], cfg: PPOConfig) -> SyncStats:
-    """Load the actor's current full weights into every rollout engine in place, over `cfg.vllm_sync_backend`
-    (already resolved: ray, gloo or nccl)."""
+def push_actor_weights(actor: ModelGroup, engines: list[Any], cfg: PPOConfig, plan: RunPlan) -> SyncStats:
+    """Load the actor's current full weights into every rollout engine in place, over the plan's transport (ray,
+    gloo or nccl), the adapter alone where the plan's --lora_sync resolved to adapter."""
     bucket_bytes = cfg.weight_sync_bucket_mb << 20
-    backend = cfg.vllm_sync_backend
-    adapter = cfg.lora_sync == "adapter"
+    backend = plan.transport
+    adapter = plan.adapter_sync
     if backend == "ray":
         state = next(sd for sd in actor.call(ModelWorker.state_dict_for_sync, adapter) if sd is not None)
         lora_config = actor.call(ModelWorker.lora_config)[0] if adapter else None
         return sync_weights(engines, state.items(), bucket_bytes=bucket_bytes, lora_config=lora_config,
-                            keep_vision_tower=keeps_vision_tower(cfg))
+                            keep_vision_tower=keeps_vision_tower(cfg, plan.model_path))
     actor.call(ModelWorker.join_weight_group, engines, backend)  # builds the group on the first sync, then reuses it
     stats = actor.call(ModelWorker.broadcast_weights, bucket_bytes, adapter)
     return next(s for s in stats if s is not None)

@@ -10,6 +10,7 @@ RAM and visit the device only for their forwards.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
@@ -22,7 +23,7 @@ from rlhfkit.algorithms.offpolicy import logprob_mismatch
 from rlhfkit.algorithms.supervised import masked_lm_loss
 from rlhfkit.algorithms.value_loss import value_loss
 from rlhfkit.config.commands import PPOConfig
-from rlhfkit.config.plan import role_layout
+from rlhfkit.config.plan import RunPlan, resolve_plan
 from rlhfkit.engine.checkpoint import load_checkpoint, save_checkpoint, save_hf_folder
 from rlhfkit.engine.cpu_threads import set_cpu_threads
 from rlhfkit.engine.distributed import init_distributed
@@ -34,7 +35,14 @@ from rlhfkit.models.positions import position_ids
 from rlhfkit.rl.experience import trim_padding
 from rlhfkit.rl.forward import ForwardStrategy, LogProbs, forward_strategy
 from rlhfkit.rl.micro_batch import micro_batches, pad_to, rollout_budget
-from rlhfkit.rl.policy_step import accumulate, dump_entry, has_active_dropout, policy_dump_entry, policy_loss
+from rlhfkit.rl.policy_step import (
+    PolicyBatch,
+    PolicyLoss,
+    accumulate,
+    dump_entry,
+    has_active_dropout,
+    policy_dump_entry,
+)
 from rlhfkit.rl.ring import setup_worker_ring
 from rlhfkit.rl.vision_batch import is_vision_language, keeps_vision_tower, load_vlm_for_role
 from rlhfkit.rl.worker_weights import drain, engine_dtype, move_optimizer_state, weights_for_engines
@@ -57,34 +65,40 @@ def logprob_truncation(cfg: PPOConfig) -> SamplingTruncation | None:
 
 
 class ModelWorker:
-    """A rank of a model group. `role` is 'actor', 'ref', 'critic' or 'reward'; `cfg` is the run's typed config (Ray
-    pickles it to this process); `cpu_threads_share`: the model ranks that split a node's cores on CPU (0: this
-    role's ranks per node); `heartbeat_board`: the job's heartbeat board, beaten to from a thread of this process
-    every few seconds so a stopped rank is found (`rlhfkit.rollout.heartbeat`; None: no beats). Every method runs
-    on the process's main thread."""
+    """A rank of a model group. `role` is 'actor', 'ref', 'critic' or 'reward'; `cfg` is the run's typed config and
+    `plan` the run's plan (`rlhfkit.config.plan.RunPlan`: the dtypes, the run folder, the KL mode, the world sizes;
+    Ray pickles both to this process; without one, a rank made directly from flags plans from them alone);
+    `cpu_threads_share`: the model ranks that split a node's cores on CPU (0: this role's ranks per node);
+    `heartbeat_board`: the job's heartbeat board, beaten to from a thread of this process every few seconds so a
+    stopped rank is found (`rlhfkit.rollout.heartbeat`; None: no beats). Every method runs on the process's main
+    thread."""
 
     model: torch.nn.Module  # set by init_model
     forward: ForwardStrategy  # how the model runs over a micro-batch: chosen once by init_model (rl/forward.py)
 
     def __init__(self, role: str, cfg: PPOConfig, rank: int, world_size: int, master_addr: str,
-                 master_port: int, cpu_threads_share: int = 0, heartbeat_board: Any = None) -> None:
+                 master_port: int, cpu_threads_share: int = 0, heartbeat_board: Any = None,
+                 plan: RunPlan | None = None) -> None:
         from rlhfkit.observability.run import process_log_path, redirect_output
         from rlhfkit.rollout.heartbeat import Heartbeat, beat_interval
 
         self.heartbeat = Heartbeat(heartbeat_board, beat_interval(cfg.trainer_hang_timeout)) \
             if heartbeat_board is not None and cfg.trainer_hang_timeout > 0 else None  # first: beats from here on
 
-        log_path = process_log_path(cfg.run_dir, cfg.verbose, f"{role}_rank{rank}")
+        plan = plan if plan is not None else resolve_plan(cfg)
+        log_path = process_log_path(plan.run_dir, cfg.verbose, f"{role}_rank{rank}")
         if log_path:  # this rank's library logs go to the run folder, not the driver's console
             redirect_output(log_path)
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0" if not torch.cuda.is_available()
                           else os.environ.get("LOCAL_RANK", "0"), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
         if not torch.cuda.is_available():  # Ray gave this actor OMP_NUM_THREADS=1 (it asks for a fraction of a CPU)
-            nodes = {name: count for name, count, _ in role_layout(cfg)}[role]
+            nodes = plan.nodes(role)
             share = cpu_threads_share or max(1, world_size // max(1, nodes or 1))
             set_cpu_threads(cfg.torch_threads_per_worker or 0, share)
         self.role = role
         self.cfg = cfg
+        self.plan = plan
+        self.policy_loss = PolicyLoss.from_plan(cfg, plan)  # the actor's loss, its settings fixed once
         self.dist = init_distributed()
         self.truncation = logprob_truncation(cfg)  # --top_k / --top_p with --logprobs_truncation auto
         self.ring = setup_worker_ring(role, self.cfg)  # --ring_attn_size: actor, reference, critic (rl/ring.py)
@@ -127,7 +141,7 @@ class ModelWorker:
                 model = load_vlm_for_role(pretrain, attn, trainable, self.cfg)
             else:
                 model = load_causal_lm(pretrain, attn_implementation=attn, load_in_4bit=quantized,
-                                       compute_dtype=compute_dtype(self.cfg.param_dtype, self.dist.device))
+                                       compute_dtype=compute_dtype(self.plan.trainer_dtype, self.dist.device))
         self.forward = forward_strategy(self.cfg, ring=self.ring, vision=vision, truncation=self.truncation,
                                         mask_dtype=self._mask_dtype())
         if reward_model and self.cfg.normalize_reward:
@@ -141,7 +155,9 @@ class ModelWorker:
                 model = apply_lora(cast("PreTrainedModel", model), self.cfg.lora_rank, self.cfg.lora_alpha,
                                    self.cfg.target_modules, self.cfg.lora_dropout)
             ema_beta = resolved_ema_beta(self.cfg) if self.role == "actor" else None  # --enable_ema: the actor's
-            self.engine = TrainEngine(model, self.cfg, self.dist, total_steps, learning_rate, role=self.role,
+            # the engine reads the compute dtype from its config: the plan's, resolved by the driver
+            engine_cfg = dataclasses.replace(self.cfg, param_dtype=self.plan.trainer_dtype)
+            self.engine = TrainEngine(model, engine_cfg, self.dist, total_steps, learning_rate, role=self.role,
                                       ema_beta=ema_beta)
             self.model = self.engine.model
             self.has_dropout = has_active_dropout(model)
@@ -151,7 +167,7 @@ class ModelWorker:
                 from rlhfkit.models.context_parallel import use_ring_attention
 
                 use_ring_attention(model)
-            self.model = shard_model(model, zero_stage=3, device=self.dist.device, param_dtype=self.cfg.param_dtype)
+            self.model = shard_model(model, zero_stage=3, device=self.dist.device, param_dtype=self.plan.trainer_dtype)
             self.model.eval()
             self.offload_frozen = self.cfg.ref_reward_offload and self._on_cuda()
             if self.offload_frozen:
@@ -218,7 +234,7 @@ class ModelWorker:
         """The packed row's additive mask is in the compute dtype (sdpa takes no other)."""
         from rlhfkit.engine.fsdp import compute_dtype
 
-        return compute_dtype(self.cfg.param_dtype, self.dist.device)
+        return compute_dtype(self.plan.trainer_dtype, self.dist.device)
 
     def _action_log_probs(self, mb: dict[str, torch.Tensor], with_entropy: bool = False) -> LogProbs:
         return self.forward.action_log_probs(self.model, mb, with_entropy)
@@ -279,15 +295,15 @@ class ModelWorker:
 
         loss = policy_loss (token mean over the whole global mini-batch: num_tokens is its token count; with
                  --policy_loss_type gspo the mean per sequence, then over its num_seqs rows)
-               + kl_coef * kl_loss (with --use_kl_loss; kl_coef is --init_kl_coef or the adaptive controller's
-                 value with --kl_target) - entropy_loss_coef * entropy  (rlhfkit.rl.policy_step.policy_loss)
+               + kl_coef * kl_loss (with --use_kl_loss; kl_coef is the adaptive controller's value with --kl_target,
+                 else the plan's --init_kl_coef) - entropy_loss_coef * entropy  (rlhfkit.rl.policy_step.PolicyLoss)
                + ptx_coef * LM loss on this rank's share of a --pretrain_data batch (token mean over the global
                  ptx batch, `ptx_tokens` target tokens), when `ptx` is given.
         FSDP2 averages gradients over ranks, so each rank's loss is scaled by the world size (with --ring_attn_size N
         by world / N, the data-parallel size: rlhfkit.rl.ring).
         """
         cfg, world, engine = self.cfg, self.loss_scale, self._trainer()
-        kl_coef = cfg.init_kl_coef if kl_coef is None else kl_coef
+        kl_coef = self.plan.kl_coef(kl_coef)
         self.model.train()
         sums: dict[str, Any] = {}
         dump: list[dict[str, Any]] | None = [] if "row_index" in shard else None  # --debug_dump_steps
@@ -303,7 +319,7 @@ class ModelWorker:
             mask = mb["action_mask"]
             # --entropy_loss_coef: the bonus -c x mean entropy is differentiated (else the entropy is a metric)
             log_probs, entropy = self.forward.action_log_probs(self.model, mb, with_entropy=True,
-                                                               entropy_grad=bool(cfg.entropy_loss_coef))
+                                                               entropy_grad=bool(self.policy_loss.entropy_coef))
             assert entropy is not None  # with_entropy
             aux = router.pop() if router is not None else None
             old = mb.get("old_log_probs")
@@ -312,9 +328,9 @@ class ModelWorker:
                 accumulate(sums, self._rollout_metrics(old, mb), mask)
                 if "trace_row" in mb:  # the per-sample trace (observability/trace.py): |engine - trainer| per token
                     trace.append((mb["trace_row"].cpu(), ((old - mb["rollout_log_probs"]).abs() * mask).cpu()))
-            out = policy_loss(cfg, mb, log_probs, entropy, old, sums, num_tokens=num_tokens, num_seqs=num_seqs,
-                              kl_coef=kl_coef, aux=aux, aux_coef=engine.aux_loss_coef,
-                              aux_share=len(batches) * world, with_tokens=dump is not None)
+            out = self.policy_loss(PolicyBatch.of(mb, log_probs, entropy, old), sums, num_tokens=num_tokens,
+                                   num_seqs=num_seqs, kl_coef=kl_coef, aux=aux, aux_coef=engine.aux_loss_coef,
+                                   aux_share=len(batches) * world, with_tokens=dump is not None)
             (out.loss * world).backward()
             sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(out.loss.detach()) * num_tokens
             sums["entropy"] = sums.get("entropy", 0.0) + float(out.entropy_mean) * num_tokens
@@ -377,7 +393,7 @@ class ModelWorker:
         mask = mb["action_mask"]
         out = {f"rollout/{k}": v for k, v in logprob_mismatch(old, mb["rollout_log_probs"], mask).items()}
         if "ref_log_probs" in mb:
-            out["rollout/kl"] = masked_mean(compute_kl(old, mb["ref_log_probs"], mask, self.cfg.kl_estimator), mask)
+            out["rollout/kl"] = masked_mean(compute_kl(old, mb["ref_log_probs"], mask, self.plan.kl_estimator), mask)
         return out
 
     def train_critic_step(self, shard: dict[str, torch.Tensor], num_tokens: float) -> dict[str, float]:
@@ -414,8 +430,8 @@ class ModelWorker:
 
     def _engine_weights(self, adapter: bool) -> Iterator[tuple[str, torch.Tensor]]:
         """`_weights_for_engines`, without a frozen vision tower (--freeze_vision_tower: the engines keep theirs)."""
-        named = weights_for_engines(self.model, engine_dtype(self.cfg.vllm_dtype), adapter)
-        if keeps_vision_tower(self.cfg):
+        named = weights_for_engines(self.model, engine_dtype(self.plan.engine_dtype), adapter)
+        if keeps_vision_tower(self.cfg, self.plan.model_path):
             from rlhfkit.models.vision import without_vision_tower
 
             return without_vision_tower(named)
@@ -448,7 +464,7 @@ class ModelWorker:
             return None
         try:
             return self.weight_sender.sync(named, bucket_bytes, lora_config=self.lora_config() if adapter else None,
-                                           keep_vision_tower=keeps_vision_tower(self.cfg))
+                                           keep_vision_tower=keeps_vision_tower(self.cfg, self.plan.model_path))
         except BaseException:  # an engine fault: finish the gathers, so the other ranks are not left in a collective
             drain(named)
             raise

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -17,7 +19,7 @@ from rlhfkit.config.validate import need, require, validate_common
 from rlhfkit.data.collate import model_inputs
 from rlhfkit.data.readers import blend_datasets
 from rlhfkit.engine.distributed import DistInfo, init_distributed, shutdown_distributed
-from rlhfkit.engine.precision import apply_precision
+from rlhfkit.engine.precision import Precision, apply_precision
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.context_parallel import (
@@ -33,7 +35,7 @@ from rlhfkit.models.loading import load_tokenizer
 from rlhfkit.models.logprobs import log_probs_from_logits
 from rlhfkit.models.tensor_parallel import TP_FLAG, setup_tensor_parallel, teardown_tensor_parallel
 from rlhfkit.observability.report import write_report
-from rlhfkit.observability.run import prepare_run_dir
+from rlhfkit.observability.run import prepare_run_dir, resolve_run_dir
 from rlhfkit.observability.summary import summarize_run, summary_lines
 from rlhfkit.trainers.loop import OfflineMethod, plan_steps, train_offline
 
@@ -68,6 +70,16 @@ def load_split(cfg: SeedOptions, spec: str | None, split: str, probs: str | None
     return blend_datasets(spec, probs, split=split, seed=cfg.seed, max_samples=max_samples)
 
 
+def resolved_copy(cfg: C, precision: Precision, run_dir: Path) -> C:
+    """A copy of the user's config with --param_dtype and --run_dir resolved and the precision decision kept, which
+    the offline engine, loop and manifest read; the user's object stays as given."""
+    out = copy.copy(cfg)
+    out.param_dtype = precision.dtype
+    out.run_dir = str(run_dir)
+    out.precision = precision
+    return out
+
+
 def run_offline_command(
     cfg: C,
     build_samples: Callable[[C, Any, Any], tuple[list[dict], dict[str, Any]]],
@@ -86,8 +98,9 @@ def run_offline_command(
         torch.manual_seed(cfg.seed)
         if cfg.full_determinism:
             torch.use_deterministic_algorithms(True)
-        apply_precision(cfg, dist_info.device.type)
-        run_dir = prepare_run_dir(cfg, dist_info.is_main, dist_info.world_size)
+        cfg = resolved_copy(cfg, apply_precision(cfg, dist_info.device.type), resolve_run_dir(cfg))
+        run_dir = prepare_run_dir(cfg, dist_info.is_main, dist_info.world_size, run_dir=Path(need(cfg.run_dir,
+                                                                                                  "--run_dir")))
         tokenizer = load_tokenizer(need(cfg.pretrain, "--pretrain"), use_fast=not cfg.disable_fast_tokenizer)
         if cfg.tokenizer_chat_template:
             tokenizer.chat_template = cfg.tokenizer_chat_template

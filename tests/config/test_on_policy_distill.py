@@ -30,8 +30,9 @@ def test_the_teacher_is_the_reference_role_and_no_reference_kl_is_kept():
     assert reference_model(cfg(**{**OPD, "teacher_model": None, "ref_pretrain": "molt_teacher"})) == "molt_teacher"
     assert reference_model(cfg(**BASE, ref_pretrain="r")) == "r" and reference_model(cfg(**BASE)) == "student"
     # its advantages are made of the student's old log-probs: the separate pass is never skipped
-    assert not old_log_probs_from_training_pass(c, 8, True)
-    assert old_log_probs_from_training_pass(cfg(**BASE, init_kl_coef=0), 8, False)
+    assert not old_log_probs_from_training_pass(c, p, 8, True)
+    flat = cfg(**BASE, init_kl_coef=0)
+    assert old_log_probs_from_training_pass(flat, resolve_plan(flat), 8, False)
 
 
 def test_dotted_and_flat_dialects_give_the_same_estimator():

@@ -8,10 +8,10 @@ from rlhfkit.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from rlhfkit.algorithms.advantages import GROUP_ESTIMATORS as ALGORITHM_GROUP_ESTIMATORS
 from rlhfkit.cli.ppo import GROUPS
 from rlhfkit.config.parse import flags_to_argv, parse_config
-from rlhfkit.config.plan import GROUP_ESTIMATORS, RLPlan, kl_mode_of, resolve_plan
+from rlhfkit.config.plan import GROUP_ESTIMATORS, RunPlan, kl_mode_of, resolve_plan
 
 
-def plan(has_gpus: bool | None = None, **flags) -> RLPlan:
+def plan(has_gpus: bool | None = None, **flags) -> RunPlan:
     return resolve_plan(parse_config("ppo", GROUPS, flags_to_argv({"pretrain": "m", "prompt_data": "p", **flags})),
                         has_gpus)
 

@@ -13,6 +13,7 @@ import rlhfkit.rl.placement as placement
 import rlhfkit.rl.setup as setup
 from rlhfkit.cli.ppo import GROUPS
 from rlhfkit.config.parse import flags_to_argv, parse_config
+from rlhfkit.config.plan import resolve_plan
 from rlhfkit.data.synthetic import write_jsonl
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
@@ -35,8 +36,8 @@ def _run_setup(monkeypatch, cfg) -> dict:
                         lambda nodes, per_node, cpus: seen["placement"].append((nodes, per_node)) or object())
     real_prompts, real_ptx = setup.load_prompts, setup.load_ptx
 
-    def prompts(cfg, tokenizer, spec, split, probs=None):
-        out = real_prompts(cfg, tokenizer, spec, split, probs)
+    def prompts(cfg, tokenizer, spec, split, probs=None, model_path=None):
+        out = real_prompts(cfg, tokenizer, spec, split, probs, model_path)
         seen.setdefault("prompts", []).append(out)
         seen["tokenizer"] = tokenizer
         return out
@@ -44,7 +45,7 @@ def _run_setup(monkeypatch, cfg) -> dict:
     monkeypatch.setattr(setup, "load_prompts", prompts)
     monkeypatch.setattr(setup, "load_ptx", lambda cfg, tok: seen.setdefault("ptx", real_ptx(cfg, tok)))
 
-    def groups(cfg, plan, worker_cfg, updates, reward_specs, placement, made, critic_specs=None):
+    def groups(cfg, plan, updates, reward_specs, placement, made, critic_specs=None):
         seen.update(updates=updates, roles=sorted(placement.groups), reward_specs=list(reward_specs))
         raise Reached
 
@@ -185,7 +186,7 @@ def test_checkpoint_and_save_flags_direct_the_workers():
 
     cfg = ppo_cfg(pretrain="base", ckpt_path="/c", max_ckpt_num=2, save_hf_ckpt=True, save_path="/out",
                   save_value_network=True)
-    s = SimpleNamespace(cfg=cfg, actor=Group("actor"), critic=Group("critic"), ptx=None)
+    s = SimpleNamespace(cfg=cfg, plan=resolve_plan(cfg), actor=Group("actor"), critic=Group("critic"), ptx=None)
     setup.RLSetup.save_checkpoint(s, 4, 7)
     setup.save_final(s)
     state = {"cursor": 7, "ptx_cursor": 0}
@@ -195,7 +196,7 @@ def test_checkpoint_and_save_flags_direct_the_workers():
                      ("actor", "save_hf", "/out", "base"), ("critic", "save_hf", "/out_critic", "base")]
     calls.clear()
     plain = ppo_cfg(pretrain="base", ckpt_path="/c", save_path="/out")
-    s = SimpleNamespace(cfg=plain, actor=Group("actor"), critic=Group("critic"), ptx=None)
+    s = SimpleNamespace(cfg=plain, plan=resolve_plan(plain), actor=Group("actor"), critic=Group("critic"), ptx=None)
     setup.RLSetup.save_checkpoint(s, 4, 7)
     setup.save_final(s)
     assert [c[1:3] for c in calls] == [("save_checkpoint", "/c/actor"), ("save_checkpoint", "/c/critic"),
@@ -248,8 +249,12 @@ def test_rollout_backend_and_vllm_dtype_pick_the_engines(monkeypatch):
     made = []
     monkeypatch.setattr(hf_engine, "create_hf_engines", lambda n, path, **kw: made.append(("hf", n, kw)) or [])
     monkeypatch.setattr(vllm_engine, "create_vllm_engines", lambda n, path, **kw: made.append(("vllm", n, kw)) or [])
-    setup._engines(ppo_cfg(rollout_backend="hf", vllm_dtype="bf16"), "m", placement.Placement())
-    setup._engines(ppo_cfg(vllm_dtype="fp16", param_dtype="fp32"), "m", placement.Placement())
+    def engines(**flags):
+        cfg = ppo_cfg(**flags)
+        setup._engines(cfg, resolve_plan(cfg).with_model_path("m"), placement.Placement())
+
+    engines(rollout_backend="hf", vllm_dtype="bf16")
+    engines(vllm_dtype="fp16", param_dtype="fp32")
     # no run folder here: Ray's log stream; indices: which engines (all of them; a restart names one)
     assert made[0] == ("hf", 1, {"dtype": "bfloat16", "log_dir": None, "indices": None})
     assert made[1][0] == "vllm" and made[1][2]["dtype"] == "float16"  # --vllm_dtype, not the trainer's fp32

@@ -63,7 +63,7 @@ def test_an_explicit_dtype_is_kept(unpinned, monkeypatch):
         precision.resolve_precision("int8", "cpu")
     # a command's --param_dtype bf16 is what its run computes in, though auto would pick fp32 on this machine
     sft = SFTConfig(param_dtype="bf16")
-    assert precision.apply_precision(sft, "cpu").dtype == "bf16" and sft.param_dtype == "bf16"
+    assert precision.apply_precision(sft, "cpu").dtype == "bf16" and sft.param_dtype == "bf16"  # as given
     assert precision.apply_precision(SFTConfig(), "cpu").dtype == "fp32"
 
 
@@ -72,7 +72,8 @@ def test_apply_resolves_both_flags_and_warns_once_with_the_measured_slowdown(unp
     cfg = PPOConfig(param_dtype="auto", vllm_dtype="auto")  # --vllm_dtype is ppo's
     with caplog.at_level(logging.WARNING, logger="rlhfkit"):
         choice = precision.apply_precision(cfg, "cpu")
-    assert (cfg.param_dtype, cfg.vllm_dtype, cfg.precision) == ("fp32", "fp32", choice)
+    assert (choice.dtype, precision.engine_dtype_of(cfg, choice)) == ("fp32", "fp32")
+    assert (cfg.param_dtype, cfg.vllm_dtype, cfg.precision) == ("auto", "auto", None)  # the config is not written
     assert not caplog.records  # auto never warns
     cfg = PPOConfig(param_dtype="fp32", vllm_dtype="bf16")
     with caplog.at_level(logging.WARNING, logger="rlhfkit"):
@@ -80,7 +81,8 @@ def test_apply_resolves_both_flags_and_warns_once_with_the_measured_slowdown(unp
     (record,) = caplog.records
     assert "--vllm_dtype bf16" in record.getMessage() and "100x slower" in record.getMessage()  # 170 / 1.7
     sft = SFTConfig(param_dtype="auto")  # a command without engines: only --param_dtype
-    assert precision.apply_precision(sft, "cpu") == choice and sft.param_dtype == "fp32" and sft.precision == choice
+    assert precision.apply_precision(sft, "cpu") == choice and precision.engine_dtype_of(sft, choice) is None
+    assert sft.param_dtype == "auto" and sft.precision is None
 
 
 def test_the_real_probe_measures_both_dtypes_on_this_cpu():
@@ -203,6 +205,7 @@ def test_the_ray_driver_never_creates_a_cuda_context(unpinned, monkeypatch):
     monkeypatch.setattr(precision, "measure_matmul_gflops", no_cuda)
     cfg = PPOConfig(param_dtype="auto", vllm_dtype="auto")  # --vllm_dtype is ppo's
     choice = precision.apply_precision(cfg, "cuda", touch_device=False)
-    assert (cfg.param_dtype, cfg.vllm_dtype, choice.reason) == ("bf16", "bf16", "auto: bf16 on GPUs")
+    assert (choice.dtype, precision.engine_dtype_of(cfg, choice), choice.reason) == ("bf16", "bf16",
+                                                                                     "auto: bf16 on GPUs")
     with pytest.raises(AssertionError, match="touched CUDA"):  # a training rank does look at its own GPU
         precision.resolve_precision("auto", "cuda")

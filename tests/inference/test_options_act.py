@@ -102,7 +102,7 @@ def test_engine_flags_reach_the_engines(tiny_model_dir, monkeypatch):
     cfg = cfg_of(pretrain=tiny_model_dir, dataset="unused", vllm_num_engines=2, tp_size=2,
                  vllm_gpu_memory_utilization=0.5, vllm_kv_cache_mb=64, enforce_eager=True, enable_prefix_caching=True,
                  prompt_max_len=100, max_new_tokens=20, param_dtype="bf16", seed=9, ray_address="10.0.0.1:6379")
-    engines, _ = batch.start_engines(cfg, tiny_model_dir)
+    engines, _, _ = batch.start_engines(cfg, tiny_model_dir)
     n, kw = seen["vllm"]
     assert n == 2 and len(engines) == 2
     assert kw == {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.5, "cpu_kv_cache_bytes": 64 << 20,

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 from ppo_helpers import KL_LOSS, run
 
+from rlhfkit.config.plan import run_kl_mode
 from rlhfkit.rl.make_experience import old_log_probs_from_training_pass
 from rlhfkit.rl.worker import has_active_dropout
 
@@ -37,7 +38,9 @@ def _cfg(**overrides) -> SimpleNamespace:
     ({"advantage_estimator": "on_policy_distill"}, 32, True, False),  # the advantages are made of them
 ])
 def test_when_the_separate_pass_is_redundant(overrides, rows, has_ref, expected):
-    assert old_log_probs_from_training_pass(_cfg(**overrides), rows, has_ref) is expected
+    cfg = _cfg(**overrides)
+    plan = SimpleNamespace(distill=cfg.advantage_estimator == "on_policy_distill", kl_mode=run_kl_mode(cfg))
+    assert old_log_probs_from_training_pass(cfg, plan, rows, has_ref) is expected
 
 
 def test_dropout_anywhere_counts(tiny_model_dir):

@@ -186,6 +186,7 @@ def test_the_adaptive_kl_coefficient_is_checkpointed_and_resumed(monkeypatch):
     from types import SimpleNamespace
 
     import rlhfkit.rl.setup as setup_module
+    from rlhfkit.config.plan import resolve_plan
     from rlhfkit.rl.setup import RLSetup, _resume, kl_controller
 
     cfg = _cfg(kl_target=0.1, kl_horizon=64, init_kl_coef=0.05, ckpt_path="/nowhere", max_ckpt_num=1,
@@ -202,11 +203,13 @@ def test_the_adaptive_kl_coefficient_is_checkpointed_and_resumed(monkeypatch):
     ctl = kl_controller(cfg)
     assert type(ctl).__name__ == "AdaptiveKLController" and ctl.value == 0.05
     ctl.update(0.0, 32)
-    s = SimpleNamespace(cfg=cfg, ptx=None, actor=Actor(), critic=None, kl_ctl=ctl, engines=[])
+    plan = resolve_plan(cfg)
+    s = SimpleNamespace(cfg=cfg, plan=plan, ptx=None, actor=Actor(), critic=None, kl_ctl=ctl, engines=[])
     RLSetup.save_checkpoint(s, 3, 10)
     assert saved["kl_ctl"] == {"value": pytest.approx(0.05 * (1 - 0.2 * 32 / 64))}
     monkeypatch.setattr(setup_module, "push_actor_weights", lambda *a: None)
-    fresh = SimpleNamespace(cfg=cfg, ptx=None, actor=Actor(), critic=None, kl_ctl=kl_controller(cfg), engines=[])
+    fresh = SimpleNamespace(cfg=cfg, plan=plan, ptx=None, actor=Actor(), critic=None, kl_ctl=kl_controller(cfg),
+                            engines=[])
     _resume(fresh)
     assert fresh.start_step == 3 and fresh.kl_ctl.value == ctl.value
     assert type(kl_controller(_cfg())).__name__ == "FixedKLController"
