@@ -36,12 +36,12 @@ GEN_PROMPTS, GEN_SAMPLES, GEN_TOKENS = 4, 2, 32  # 8 sequences of 32 prompt + 32
 
 
 def lora_actor(path: str) -> Any:
-    from rlhfkit.config.parse import config_to_dict, parse_config
+    from rlhfkit.config.parse import parse_config
     from rlhfkit.rl.group import ModelGroup, make_placement_group
 
     cfg = parse_config("ppo", None, ["--pretrain", path, "--prompt_data", "unused", "--remote_rm_url", "x",
                                           "--lora_rank", str(RANK), "--target_modules", *TARGETS])
-    actor = ModelGroup("actor", config_to_dict(cfg), make_placement_group(1, 1, 0.25), 1)
+    actor = ModelGroup("actor", cfg, make_placement_group(1, 1, 0.25), 1)  # the typed config, as rl/setup.py
     actor.call(ModelWorker.init_model, path, True)
     return actor
 

@@ -48,12 +48,12 @@ def time_driver(engines: list[Any], path: str, bucket_bytes: int, repeats: int) 
 def time_actor(engines: list[Any], path: str, bucket_mb: int, repeats: int) -> dict[str, list[float]]:
     import time
 
-    from rlhfkit.config.parse import config_to_dict, parse_config
+    from rlhfkit.config.parse import parse_config
     from rlhfkit.rl.group import ModelGroup, make_placement_group
     from rlhfkit.rl.weight_push import push_actor_weights
 
     cfg = parse_config("ppo", None, ["--pretrain", path, "--prompt_data", "unused", "--remote_rm_url", "x"])
-    actor = ModelGroup("actor", config_to_dict(cfg), make_placement_group(1, 1, 0.25), 1)
+    actor = ModelGroup("actor", cfg, make_placement_group(1, 1, 0.25), 1)  # the typed config, as rl/setup.py
     actor.call(ModelWorker.init_model, path, False)
     seconds: dict[str, list[float]] = {}
     for transport in TRANSPORTS:
