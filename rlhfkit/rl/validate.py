@@ -176,6 +176,9 @@ def _validate_algorithm_flags(cfg: PPOConfig) -> None:
     if cfg.overlong_buffer_len is not None and not 0 < cfg.overlong_buffer_len <= cfg.generate_max_len:
         raise ConfigError(f"--overlong_buffer_len {cfg.overlong_buffer_len} must be in (0, --generate_max_len "
                           f"{cfg.generate_max_len}]")
+    if not 0 <= cfg.generate_min_len <= cfg.generate_max_len:
+        raise ConfigError(f"--generate_min_len {cfg.generate_min_len} must be in [0, --generate_max_len "
+                          f"{cfg.generate_max_len}]")
     if len(cfg.reward_clip_range) != 2:
         given = " ".join(map(str, cfg.reward_clip_range))
         raise ConfigError(f"--reward_clip_range {given}: give two numbers, low high")

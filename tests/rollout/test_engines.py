@@ -89,12 +89,17 @@ def test_generate_min_len_masks_the_stop_tokens_until_then(backend, rollout_vllm
 
 def test_generate_min_len_above_the_max_is_refused(tiny_model_dir):
     from rlhfkit.config.parse import parse_config
+    from rlhfkit.errors import ConfigError
     from rlhfkit.launch.engine_spec import sampling_config
+    from rlhfkit.rl.validate import validate_rl
 
-    argv = ["--pretrain", tiny_model_dir, "--prompt_data", "unused.jsonl", "--generate_max_len", "4",
-            "--generate_min_len", "5"]
+    argv = ["--pretrain", tiny_model_dir, "--prompt_data", "unused.jsonl", "--remote_rm_url", "builtin:format",
+            "--generate_max_len", "4", "--generate_min_len", "5"]
+    cfg = parse_config("ppo", None, argv)
+    with pytest.raises(ConfigError, match=r"--generate_min_len 5 must be in \[0, --generate_max_len 4\]"):
+        validate_rl(cfg)  # at start, before any model or engine
     with pytest.raises(ValueError, match=r"--generate_min_len.*--generate_max_len"):
-        sampling_config(parse_config("ppo", None, argv), seed=0)
+        sampling_config(cfg, seed=0)
 
 
 def test_greedy_deterministic_and_matches_hf(rollout_vllm_engine, rollout_hf_engine, rollout_prompts):
