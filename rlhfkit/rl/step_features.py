@@ -197,7 +197,7 @@ class NoDebugDump:
 class StepFeatures:
     stream: PromptStream
     source: RolloutSource
-    engines: LiveEngines
+    engines: Engines
     evaluation: Evaluation | NoEvaluation
     checkpoints: Checkpoints | NoCheckpoints
     rollout_dump: RolloutDumping | NoRolloutDump
