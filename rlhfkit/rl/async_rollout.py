@@ -36,26 +36,27 @@ from rlhfkit.config.commands import PPOConfig
 from rlhfkit.engine.safe_state import load_state, save_state
 from rlhfkit.rl.engine_faults import EngineFaults, engine_fault
 from rlhfkit.rl.make_experience import register_rollout_types
+from rlhfkit.rl.observer import NullObserver, StepObserver
 from rlhfkit.rollout.partial import VERSIONS_KEY, generate_in_chunks
 from rlhfkit.rollout.types import RolloutSample, SamplingConfig
 
 log = logging.getLogger("rlhfkit")
-CHUNK_HOOK: Any = None  # tests only: CHUNK_HOOK(gate, chunk) before chunk `chunk` of a partial rollout takes the lock
-Collected = tuple[Any, dict, Any]  # (Rollout, filter metrics, Timer): what ppo_trainer.collect_timed returns
+Collected = tuple[Any, dict, Any]  # (Rollout, filter metrics, Timer): what rollout_source.collect_timed returns
 
 
 class EngineGate:
     """The policy version the engines hold, and a lock that a partial rollout's chunk holds while it generates: a
-    weight sync (or an evaluation, or a health check) holds it too, so it happens between two chunks."""
+    weight sync (or an evaluation, or a health check) holds it too, so it happens between two chunks. `observer` is
+    told before each chunk takes the lock (`StepObserver.before_chunk`)."""
 
-    def __init__(self, version: int) -> None:
+    def __init__(self, version: int, observer: StepObserver | None = None) -> None:
         self.version = version
         self.lock = threading.Lock()
+        self.observer: StepObserver = observer or NullObserver()
 
     @contextmanager
     def hold(self, chunk: int = 0) -> Iterator[int]:
-        if CHUNK_HOOK is not None:
-            CHUNK_HOOK(self, chunk)
+        self.observer.before_chunk(self, chunk)
         with self.lock:
             yield self.version
 
@@ -106,7 +107,7 @@ class _Ahead:
 
 class RolloutQueue:
     """Rollouts of the coming steps, in step order (see the module docstring). `collect(faults)` collects one
-    rollout now (ppo_trainer.collect_timed with the loop's stream and sampling, versions stamped)."""
+    rollout now (rollout_source.collect_timed with the loop's stream and sampling, versions stamped)."""
 
     def __init__(self, cfg: PPOConfig, stream: Any, gate: EngineGate, collect: Callable[..., Collected],
                  total_steps: int, pending: list[Collected] | None = None, first_step: int = 1) -> None:

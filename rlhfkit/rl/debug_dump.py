@@ -1,8 +1,9 @@
 """`--debug_dump_steps`: the tensors of chosen PPO steps, written to `<run_dir>/debug/step_<N>.pt` for checking a run
 by hand (docs/rl.md, "Checking a run by hand").
 
-Off (the default) it costs nothing: the driver adds a `row_index` column to the training shards only for a dumped
-step, and the workers collect per-micro-batch tensors only when that column is there.
+Off (the default) it costs nothing: only for a dumped step does the driver call the workers' training steps with
+`debug_dump=True`, and only then do they collect per-micro-batch tensors (`row_index`, each row's place in the
+step's experience, rides with every training shard).
 
 One file per dumped step, a dict (load with `torch.load(path)`):
 

@@ -1,18 +1,17 @@
-"""The online loop (`rlhfkit ppo`): read it top to bottom.
+"""The online run (`rlhfkit ppo`): `train_ppo` sets it up, `run_steps` loops, `train_step` is one step.
 
     set-up: Ray -> tokenizer, prompts -> model groups (actor, ref, critic, reward) -> rollout engines -> rewards
-    each step: generate + score (+ dynamic filtering) -> log-probs, KL, advantages -> train critic/actor
-               -> sync weights to the engines -> log metrics and samples -> eval (-> best model) -> checkpoint
-    --rollout_dump_dir writes each step's rollout; --rollout_replay_dir reads it instead of generating (no engines,
-    no sync, no eval: rl/rollout_dump.py); --eval_only makes the evaluation alone (`evaluate_only`)
+            (rl/setup.py), then the step's features, each or its null object (rl/step_features.py)
+    each step (`train_step`): collect (generate + score, generated ahead, or replayed) -> experience (log-probs,
+            KL, penalties, advantages) -> train critic/actor -> sync weights to the engines -> eval (-> best model),
+            checkpoint -> metrics. docs/architecture.md maps where each piece lives.
+    --eval_only makes the evaluation alone (`evaluate_only`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
-import shutil
 import time
 from functools import partial
 from pathlib import Path
@@ -23,74 +22,120 @@ import torch
 from rlhfkit.config.commands import PPOConfig
 from rlhfkit.config.parse import config_to_dict
 from rlhfkit.config.validate import need
-from rlhfkit.engine.best import BestTracker, check_key, tracker_for
 from rlhfkit.errors import ConfigError
-from rlhfkit.launch.engine_spec import sampling_config
 from rlhfkit.observability.console import print_derived_table, progress_bar
 from rlhfkit.observability.metrics import MetricsLogger, is_extremum, merge_metrics
 from rlhfkit.observability.mfu import mfu
 from rlhfkit.observability.placement import record_placement
 from rlhfkit.observability.trace import add_loss_weights, take_trainer_mismatch, write_step_trace
 from rlhfkit.rewards.base import failure_metrics
-from rlhfkit.rl.async_rollout import (
-    EngineGate,
-    RolloutQueue,
-    load_pending,
-    save_pending,
-    staleness_metrics,
-    stamp_versions,
-)
-from rlhfkit.rl.debug_dump import add_updates, step_record, wants_dump, write_dump
+from rlhfkit.rl.async_rollout import staleness_metrics
+from rlhfkit.rl.debug_dump import add_updates
 from rlhfkit.rl.engine_faults import EngineFaults
+from rlhfkit.rl.evaluation import best_tracker, evaluate
 from rlhfkit.rl.experience import Experience
 from rlhfkit.rl.group import ModelGroup, run_side_by_side
 from rlhfkit.rl.make_experience import (
-    PromptStream,
     Rollout,
     Timer,
     apply_length_penalties,
     fill_log_probs_and_advantages,
     filled,
-    generate_and_score,
-    keep_groups,
-    merge_rollouts,
-    select_groups,
     to_experience,
 )
+from rlhfkit.rl.observer import NullObserver, StepObserver
 from rlhfkit.rl.placement import collect_whereabouts
-from rlhfkit.rl.rollout_dump import RolloutReplay
-from rlhfkit.rl.setup import RLSetup, build_setup, push_actor_weights, save_final
+from rlhfkit.rl.setup import RLSetup, build_setup, save_final
+from rlhfkit.rl.step_features import StepFeatures, build_features, timed
 from rlhfkit.rl.vision_batch import attach_pixels
-from rlhfkit.rollout.types import SamplingConfig
+from rlhfkit.rl.worker import ModelWorker
 
 log = logging.getLogger("rlhfkit")
-MAX_REFILL_ROUNDS = 8
-FAULT_HOOK: Any = None  # tests only: FAULT_HOOK(s, step, when) before / after each step's health check (faults)
 
 
-def collect_rollout(s: RLSetup, stream: PromptStream, sampling: SamplingConfig, timer: Timer,
-                    generate: Any = None) -> tuple[Rollout, dict]:
-    """rollout_batch_size groups; with --dynamic_filtering, drop all-equal groups and refill (bounded)."""
-    cfg, n = s.cfg, s.cfg.n_samples_per_prompt
-    kept: list[Rollout] = []
-    have, rounds, seen = 0, 0, 0
-    while have < cfg.rollout_batch_size:
-        offset = stream.cursor
-        prompts = stream.take(cfg.rollout_batch_size - have if rounds else cfg.rollout_batch_size)
-        part = generate_and_score(s.engines, prompts, sampling, s.reward_fn, s.tokenizer, timer, offset, s.phases,
-                                  s.agent, generate)
-        seen += len(prompts)
-        if cfg.dynamic_filtering:
-            low, high = cfg.dynamic_filtering_reward_range
-            part = select_groups(part, keep_groups(part.scores, n, low, high), n)
-        kept.append(part)
-        have += len(part.prompts)
-        rounds += 1
-        if not cfg.dynamic_filtering or rounds > MAX_REFILL_ROUNDS:
-            break
-    rollout = merge_rollouts(kept)
-    return rollout, {"filter/kept_groups": len(rollout.prompts), "filter/sampled_groups": seen,
-                     "filter/rounds": rounds}
+def train_step(s: RLSetup, f: StepFeatures, step: int) -> dict[str, float]:
+    """One online step, top to bottom. `f`: the run's features, built once (`build_features`); each is called here
+    every step and does nothing where it is off."""
+    began = time.perf_counter()
+    f.engines.health_check(step)  # a dead or hung engine is restarted now, not mid-generation
+    # collect: this step's rollout (generated now, generated ahead with --async_train, or replayed)
+    rollout, filter_metrics, timer = f.source.take(step)
+    f.rollout_dump.write(step, rollout, filter_metrics, timer)  # before the length penalties change the rewards
+    # experience: tensors, length penalties, log-probs, KL, advantages
+    exp, raw_rewards, metrics = make_step_experience(s, rollout, filter_metrics, step, timer)
+    record = f.debug_dump.begin(step, exp, raw_rewards)
+    f.source.before_train(step)  # --async_train: the engines generate the next rollouts while this step trains
+    # train: critic and actor, mini-batches of --train_batch_size, --max_epochs
+    with timed(timer, "training"):
+        metrics.update(train_on_experience(s, exp, step, record))
+    write_step_trace(s, step, rollout, exp)  # samples.jsonl: every sample of the step
+    update_kl_controller(s, metrics)
+    f.debug_dump.write(record)
+    # sync: the new weights into the engines
+    metrics.update(f.source.before_sync())
+    metrics.update(f.engines.sync(step, timer))
+    metrics.update(step_times(s, exp, timer, began))
+    # evaluate (-> best model), checkpoint (after the evaluation: it holds the best so far)
+    metrics.update(f.evaluation.after_step(step))
+    f.checkpoints.after_step(step)
+    metrics.update(f.engines.fault_metrics())
+    return metrics
+
+
+def run_steps(s: RLSetup, observer: StepObserver) -> dict[str, float]:
+    """The loop: the features built once, the first evaluation, `train_step` for each step, the final save."""
+    run_dir = need(s.plan.run_dir, "--run_dir")  # resolved by build_setup (the plan)
+    print_derived_table("rlhfkit ppo", {**s.summary, "run dir": run_dir})
+    metrics_log = MetricsLogger(run_dir, s.cfg)
+    bar = progress_bar(s.total_steps, s.start_step, True, "ppo")
+    features = build_features(s, observer)
+    last: dict[str, float] = {}
+    features.evaluation.at_start(metrics_log)
+    for step in range(s.start_step + 1, s.total_steps + 1):
+        last = train_step(s, features, step)
+        metrics_log.log(step, last)
+        bar.set_postfix(reward=f"{last['rollout/reward_mean']:.3f}", gen_s=f"{last.get('time/generation', 0.0):.1f}")
+        bar.update(1)
+    features.source.close()
+    bar.close()
+    record_placement(run_dir, collect_whereabouts(s.groups, s.engines))  # now with prompts per engine
+    save_final(s)
+    metrics_log.close()
+    resolved = {**config_to_dict(s.cfg), **s.plan.resolved_flags()}  # the flags as the run resolved them
+    (Path(run_dir) / "config.json").write_text(json.dumps(resolved, indent=2, default=str))
+    return last
+
+
+def make_step_experience(s: RLSetup, rollout: Rollout, filter_metrics: dict[str, float], step: int,
+                         timer: Timer) -> tuple[Experience, torch.Tensor, dict[str, float]]:
+    """The rollout as training rows: tensors (+ pixels with --image_key), the length penalties on the rewards, the
+    old/reference log-probs, values, KL and advantages. Returns the experience, the rewards before the penalties
+    and the step's metrics so far (`filter_metrics`: the collection's)."""
+    cfg = s.cfg
+    exp = to_experience(rollout, s.tokenizer.pad_token_id)
+    if s.vision is not None:  # --image_key: the rows' pixel tensors
+        attach_pixels(exp, rollout, s.vision)
+    raw_rewards = filled(exp.rewards, "rewards")
+    penalty_metrics = apply_length_penalties(rollout, exp, cfg)  # before the advantages
+    metrics = {**filter_metrics, **rollout_metrics(rollout, exp), **penalty_metrics}
+    if cfg.async_train:  # a replay's samples carry the versions the original recorded
+        metrics.update(staleness_metrics(rollout, exp, step, cfg.async_queue_size))
+    kl_coef = kl_coefficient(s)
+    metrics["train/kl_coef"] = kl_coef
+    metrics.update(fill_log_probs_and_advantages(exp, cfg, s.plan, s.actor, s.ref, s.critic, timer, kl_coef))
+    return exp, raw_rewards, metrics
+
+
+def update_kl_controller(s: RLSetup, metrics: dict[str, float]) -> None:
+    """Adaptive KL (--kl_target): the next step's coefficient from this step's measured KL."""
+    if getattr(s, "kl_ctl", None) is not None and "rollout/kl" in metrics:
+        s.kl_ctl.update(metrics["rollout/kl"], s.cfg.rollout_batch_size * s.cfg.n_samples_per_prompt)
+
+
+def step_times(s: RLSetup, exp: Experience, timer: Timer, began: float) -> dict[str, float]:
+    """time/<phase> of each timed phase, perf/* (`stage_utilisation`) and time/step (up to the weight sync)."""
+    return {**{f"time/{k}": v for k, v in timer.seconds.items()}, **stage_utilisation(s, exp, timer),
+            "time/step": time.perf_counter() - began}
 
 
 def learning_rows(action_mask: torch.Tensor) -> float:
@@ -120,19 +165,19 @@ def train_on_experience(s: RLSetup, exp: Experience, step: int,
             num_seqs = learning_rows(mini.action_mask)
             kl_coef = kl_coefficient(s)
             tensors = mini.tensors()
-            if record is not None:  # the workers see it and send their tensors back
-                tensors["row_index"] = index
-            tensors["trace_row"] = index  # the per-sample trace's mismatch, where the training forward gives it
+            tensors["row_index"] = index  # each row's place in `exp` (the dump's and the per-sample trace's rows)
             calls, roles = [], []  # critic and actor train side by side when they do not share bundles
             if s.critic is not None:
-                calls.append((s.critic, partial(s.critic.scatter_async, "train_critic_step",
-                                                _shards(tensors, s.critic), num_tokens)))
+                calls.append((s.critic, partial(s.critic.scatter_async, ModelWorker.train_critic_step,
+                                                _shards(tensors, s.critic), num_tokens,
+                                                debug_dump=record is not None)))
                 roles.append("critic")
             if step > cfg.freezing_actor_steps:
-                calls.append((s.actor, partial(s.actor.scatter_async, "train_policy_step",
+                calls.append((s.actor, partial(s.actor.scatter_async, ModelWorker.train_policy_step,
                                                _shards(tensors, s.actor), num_tokens,
                                                per_rank=s.ptx_per_rank(mini.batch_size),
-                                               num_seqs=num_seqs, kl_coef=kl_coef)))
+                                               num_seqs=num_seqs, kl_coef=kl_coef,
+                                               debug_dump=record is not None)))
                 roles.append("actor")
                 add_loss_weights(exp, index, mini.action_mask, num_tokens, num_seqs,
                                  cfg.policy_loss_type == "gspo")  # the per-sample trace's loss_weight
@@ -175,18 +220,6 @@ def _shards(tensors: dict[str, torch.Tensor], group: ModelGroup) -> list[dict[st
 def _add(sums: dict[str, float], results: list[dict[str, float]]) -> None:
     for result in results:
         merge_metrics(sums, result)
-
-
-def sync_engines(s: RLSetup, timer: Timer) -> dict[str, float]:
-    began = time.perf_counter()
-    if s.phases is not None:
-        s.phases.wake_engines()
-    stats = push_actor_weights(s.actor, s.engines, s.cfg, s.plan)
-    timer.add("weight_sync", began)
-    began = time.perf_counter()
-    checked = s.sync_check.check(s.actor, s.engines, "weight sync") if s.sync_check is not None else {}
-    timer.add("sync_check", began)
-    return {"sync/bytes": stats.bytes, "sync/buckets": stats.buckets, **checked}
 
 
 def stage_utilisation(s: RLSetup, exp: Experience, timer: Timer) -> dict[str, float]:
@@ -246,69 +279,13 @@ def rollout_metrics(rollout: Rollout, exp: Experience) -> dict[str, float]:
     return metrics
 
 
-def pass_at_k(correct: int, n: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct: 1 - C(n - c, k) / C(n, k)."""
-    if n - correct < k:
-        return 1.0
-    return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
-
-
-def evaluate(s: RLSetup, step: int) -> dict[str, float]:
-    """Held-out prompts at --eval_temperature, --eval_n_samples_per_prompt each; a sample is correct if score > 0."""
-    cfg, n = s.cfg, s.cfg.eval_n_samples_per_prompt
-    sampling = SamplingConfig(temperature=cfg.eval_temperature, top_p=1.0, max_new_tokens=cfg.generate_max_len, n=n,
-                              seed=cfg.seed + 99991, stop_token_ids=tuple(s.stop_ids), max_len=cfg.max_len or None)
-    rollout = generate_and_score(s.engines, s.eval_prompts, sampling, s.reward_fn, s.tokenizer, Timer(), 0,
-                                 s.phases, s.agent)
-    correct = (rollout.scores.view(-1, n) > 0).sum(-1).tolist()
-    out = {"eval/reward_mean": float(rollout.rewards.mean()), "eval/score_mean": float(rollout.scores.mean())}
-    for k in sorted({1, n}):
-        out[f"eval/pass@{k}"] = sum(pass_at_k(c, n, k) for c in correct) / len(correct)
-    _write_samples(s, step, rollout, "eval", limit=16)  # the same 16 held-out prompts at every evaluation
-    return out
-
-
-def _write_samples(s: RLSetup, step: int, rollout: Rollout, kind: str, limit: int = 6) -> None:
-    """The first sample of each of the first `limit` prompts, to samples.jsonl (for the report)."""
-    rows = [i for i, sample in enumerate(rollout.samples) if sample.sample_index == 0][:limit]
-    with (Path(need(s.plan.run_dir, "--run_dir")) / "samples.jsonl").open("a") as f:
-        for i in rows:
-            prompt = rollout.prompts[rollout.samples[i].prompt_index]
-            failure = rollout.reward_failure[i] if rollout.reward_failure else ""
-            f.write(json.dumps({"step": step, "kind": kind, "prompt": prompt["prompt"], "response": rollout.texts[i],
-                                "reward": float(rollout.rewards[i]), "label": prompt.get("label"),
-                                "reward_failure": failure or None}) + "\n")
-
-
-def eval_metric_keys(cfg: PPOConfig) -> list[str]:
-    """The metrics `evaluate` returns (known before the run: --best_metric_key is checked against them)."""
-    ks = sorted({1, cfg.eval_n_samples_per_prompt})
-    return ["eval/reward_mean", "eval/score_mean", *(f"eval/pass@{k}" for k in ks)]
-
-
-def best_tracker(cfg: PPOConfig) -> BestTracker | None:
-    """--best_metric_key: its tracker (default key eval/pass@1), refused before anything starts when it names no
-    metric of `evaluate` or there is no --eval_dataset."""
-    best = tracker_for(cfg, "eval/pass@1", bool(cfg.eval_dataset))
-    if best is not None:
-        check_key(best.key, eval_metric_keys(cfg))
-    return best
-
-
-def keep_best(s: RLSetup, step: int, eval_metrics: dict[str, float]) -> None:
-    """A new best evaluation: the actor's HF folder (the EMA with --enable_ema) replaces <ckpt_path>/best."""
-    if s.best is None or not s.best.improves(step, eval_metrics):
-        return
-    shutil.rmtree(s.best.staging, ignore_errors=True)
-    s.actor.call("save_hf", str(s.best.staging), s.plan.model_path)
-    s.best.commit()
-
-
-def train_ppo(cfg: PPOConfig, engines: list[Any] | None = None) -> dict[str, float]:
-    """The run (`rlhfkit ppo`): the training loop, or with --eval_only one evaluation. Returns the last metrics."""
+def train_ppo(cfg: PPOConfig, engines: list[Any] | None = None,
+              observer: StepObserver | None = None) -> dict[str, float]:
+    """The run (`rlhfkit ppo`): the training loop, or with --eval_only one evaluation. Returns the last metrics.
+    `observer` is told of the step's moments (rl/observer.py; none by default)."""
     s = build_setup(cfg, engines, None if cfg.eval_only else best_tracker(cfg))
     try:
-        return evaluate_only(s) if cfg.eval_only else _loop(s)
+        return evaluate_only(s) if cfg.eval_only else run_steps(s, observer or NullObserver())
     finally:
         s.close()
 
@@ -331,158 +308,3 @@ def evaluate_only(s: RLSetup) -> dict[str, float]:
     config = {**config_to_dict(s.cfg), **s.plan.resolved_flags()}  # the flags as the run resolved them
     (Path(run_dir) / "config.json").write_text(json.dumps(config, indent=2, default=str))
     return evaluated
-
-
-def _loop(s: RLSetup) -> dict[str, float]:
-    """One step: rollout -> experience -> train -> sync -> log/checkpoint/eval. With --async_train the rollouts of
-    steps t+1 .. t+N (--async_queue_size) are generated while step t trains (`rl.async_rollout.RolloutQueue`)."""
-    cfg = s.cfg
-    run_dir = need(s.plan.run_dir, "--run_dir")  # resolved by build_setup (the plan)
-    replay = s.rollout_replay  # --rollout_replay_dir: no engines (no health check, sync or evaluation)
-    evaluating = bool(s.eval_prompts) and replay is None
-    if s.eval_prompts and replay is not None:
-        log.warning("--rollout_replay_dir: no rollout engines, so --eval_dataset is not evaluated")
-    stream = PromptStream(s.prompts, cfg.seed, s.start_cursor)
-    sampling = sampling_config(cfg, cfg.seed, stop_token_ids=s.stop_ids)
-    print_derived_table("rlhfkit ppo", {**s.summary, "run dir": run_dir})
-    metrics_log = MetricsLogger(run_dir, cfg)
-    bar = progress_bar(s.total_steps, s.start_step, True, "ppo")
-    last: dict[str, float] = {}
-    faults = EngineFaults(s)  # a dead or hung engine is restarted (--max_engine_restarts), see rl/engine_faults.py
-    gate = EngineGate(s.start_step)  # the engines' policy version; a partial rollout's chunk holds its lock
-    generate = gate.chunked(cfg.partial_rollout_chunk_tokens) if cfg.async_train and cfg.partial_rollout else None
-    collect = partial(_collect_versioned, s, stream, sampling, gate, generate)
-    if evaluating and s.start_step == 0:
-        evaluated = faults.guard("evaluation", partial(evaluate, s, 0))
-        metrics_log.log(0, evaluated)
-        keep_best(s, 0, evaluated)
-    queue = RolloutQueue(cfg, stream, gate, collect, s.total_steps, load_pending(cfg, s.start_step) if s.start_step
-                         else None, s.start_step + 1) if cfg.async_train and replay is None else None
-    for step in range(s.start_step + 1, s.total_steps + 1):
-        began = time.perf_counter()
-        faults.step = step
-        if replay is None:
-            with gate.lock:  # with --partial_rollout: between two chunks
-                _health_check(s, step, faults)
-        ahead, waited = queue.take(step, faults) if queue is not None else (None, 0.0)
-        if replay is not None:
-            rollout, filter_metrics, timer = _replayed(replay, step, stream)
-        else:
-            rollout, filter_metrics, timer = ahead or collect(faults)
-        if s.rollout_dump is not None:  # before the length penalties change the rewards in place
-            s.rollout_dump.write(step, rollout, filter_metrics, stream.cursor, timer.seconds)
-        exp = to_experience(rollout, s.tokenizer.pad_token_id)
-        if s.vision is not None:  # --image_key: the rows' pixel tensors
-            attach_pixels(exp, rollout, s.vision)
-        raw_rewards = filled(exp.rewards, "rewards")
-        penalty_metrics = apply_length_penalties(rollout, exp, cfg)  # before the advantages
-        metrics = {**filter_metrics, **rollout_metrics(rollout, exp), **penalty_metrics}
-        if cfg.async_train:  # a replay's samples carry the versions the original recorded
-            metrics.update(staleness_metrics(rollout, exp, step, cfg.async_queue_size))
-        kl_coef = kl_coefficient(s)
-        metrics["train/kl_coef"] = kl_coef
-        metrics.update(fill_log_probs_and_advantages(exp, cfg, s.plan, s.actor, s.ref, s.critic, timer, kl_coef))
-        record = step_record(cfg, step, {**exp.tensors(), "rewards_before_penalty": raw_rewards,
-                                         "truncated": exp.info["truncated"]},
-                             s.plan.resolved_flags()) if wants_dump(cfg, step) else None
-        if queue is not None:  # the engines still hold the weights this step trains from
-            queue.fill(step)  # no restarts in the generation thread: a fault is handled when its rollout is taken
-        t_train = time.perf_counter()
-        metrics.update(train_on_experience(s, exp, step, record))
-        timer.add("training", t_train)
-        write_step_trace(s, step, rollout, exp)  # samples.jsonl: every sample of the step
-        if getattr(s, "kl_ctl", None) is not None and "rollout/kl" in metrics:  # adaptive KL: the next coefficient
-            s.kl_ctl.update(metrics["rollout/kl"], cfg.rollout_batch_size * cfg.n_samples_per_prompt)
-        if record is not None:
-            write_dump(run_dir, record)
-        if queue is not None and queue.items:
-            metrics["time/wait_rollout"] = waited + queue.before_sync(faults)
-        if replay is None:
-            with gate.lock:  # with --partial_rollout the generation in flight pauses here, and resumes with the new
-                metrics.update(faults.guard("weight sync", partial(sync_engines, s, timer)))  # weights
-                gate.version = step
-        metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
-        metrics.update(stage_utilisation(s, exp, timer))
-        metrics["time/step"] = time.perf_counter() - began
-        if evaluating and ((cfg.eval_steps > 0 and step % cfg.eval_steps == 0) or step == s.total_steps):
-            with gate.lock:
-                evaluated = faults.guard("evaluation", partial(evaluate, s, step))
-            metrics.update(evaluated)
-            keep_best(s, step, evaluated)
-        if cfg.save_steps > 0 and step % cfg.save_steps == 0:  # after the evaluation: it holds the best so far
-            _checkpoint(s, step, stream, queue, faults)
-        metrics.update(faults.take_step_metrics())
-        metrics_log.log(step, metrics)
-        last = metrics
-        bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}",
-                        gen_s=f"{timer.seconds.get('generation', 0.0):.1f}")
-        bar.update(1)
-    if queue is not None:
-        queue.close()
-    bar.close()
-    record_placement(run_dir, collect_whereabouts(s.groups, s.engines))  # now with prompts per engine
-    save_final(s)
-    metrics_log.close()
-    resolved = {**config_to_dict(cfg), **s.plan.resolved_flags()}  # the flags as the run resolved them
-    (Path(run_dir) / "config.json").write_text(json.dumps(resolved, indent=2, default=str))
-    return last
-
-
-def _health_check(s: RLSetup, step: int, faults: EngineFaults) -> None:
-    """Ping: a dead or hung engine is found (and restarted) now, not mid-generation."""
-    if FAULT_HOOK is not None:
-        FAULT_HOOK(s, step, "before health check")
-    faults.health_check()
-    if FAULT_HOOK is not None:
-        FAULT_HOOK(s, step, "after health check")
-
-
-def _replayed(replay: RolloutReplay, step: int, stream: PromptStream) -> tuple[Rollout, dict, Timer]:
-    """--rollout_replay_dir: step `step`'s dumped rollout, the prompt stream moved to where the original's was
-    (checkpoints of the replay resume from the right prompt), and a Timer holding the read's seconds (replay_load)."""
-    began = time.perf_counter()
-    rollout, filter_metrics, cursor = replay.read(step)
-    stream.cursor = cursor
-    timer = Timer()
-    timer.add("replay_load", began)
-    return rollout, filter_metrics, timer
-
-
-def _checkpoint(s: RLSetup, step: int, stream: PromptStream, queue: RolloutQueue | None,
-                faults: EngineFaults) -> None:
-    """The checkpoint of `step`; with --async_train the rollouts generated ahead are finished first and kept."""
-    if queue is not None and queue.items:
-        waited = queue.settle(faults)
-        if s.cfg.partial_rollout:
-            log.info("--partial_rollout: step %d's checkpoint waited %.1f s for the %d rollout(s) in flight to finish "
-                     "(their last chunks with the weights of step %d); they are saved with it, not regenerated",
-                     step, waited, len(queue.items), step)
-    s.save_checkpoint(step, stream.cursor)
-    if queue is not None and queue.items:
-        save_pending(s.cfg, step, queue.finished())
-
-
-def _collect_versioned(s: RLSetup, stream: PromptStream, sampling: SamplingConfig, gate: EngineGate,
-                       generate: Any, faults: EngineFaults | None = None) -> tuple[Rollout, dict, Timer]:
-    """`collect_timed`, each sample's tokens stamped with the policy version they were generated with (chunked
-    generation stamps each chunk itself; otherwise the engines hold one version for the whole rollout)."""
-    version = gate.version
-    collected = collect_timed(s, stream, sampling, faults, generate)
-    stamp_versions(collected[0], version)
-    return collected
-
-
-def collect_timed(s: RLSetup, stream: PromptStream, sampling: SamplingConfig,
-                  faults: EngineFaults | None = None, generate: Any = None) -> tuple[Rollout, dict, Timer]:
-    """`collect_rollout` with its own Timer (generation and reward seconds), which becomes the step's timer. With
-    `faults`, an engine fault restarts the engine and the rollout is collected again from the same prompts (same
-    seeds: the same samples). `generate`: see `generate_and_score` (--partial_rollout)."""
-    cursor = stream.cursor
-
-    def attempt() -> tuple[Rollout, dict, Timer]:
-        stream.cursor = cursor
-        timer = Timer()
-        rollout, metrics = collect_rollout(s, stream, sampling, timer, generate)
-        return rollout, metrics, timer
-
-    return attempt() if faults is None else faults.guard("generation", attempt)

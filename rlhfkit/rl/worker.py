@@ -290,7 +290,8 @@ class ModelWorker:
     # ----------------------------------------------------------------- training
     def train_policy_step(self, shard: dict[str, torch.Tensor], num_tokens: float,
                           ptx: dict[str, torch.Tensor] | None = None, ptx_tokens: float = 0.0, *,
-                          num_seqs: float | None = None, kl_coef: float | None = None) -> dict[str, Any]:
+                          num_seqs: float | None = None, kl_coef: float | None = None,
+                          debug_dump: bool = False) -> dict[str, Any]:
         """One optimizer step of the PPO-family policy loss over this rank's share of a global mini-batch.
 
         loss = policy_loss (token mean over the whole global mini-batch: num_tokens is its token count; with
@@ -300,13 +301,14 @@ class ModelWorker:
                + ptx_coef * LM loss on this rank's share of a --pretrain_data batch (token mean over the global
                  ptx batch, `ptx_tokens` target tokens), when `ptx` is given.
         FSDP2 averages gradients over ranks, so each rank's loss is scaled by the world size (with --ring_attn_size N
-        by world / N, the data-parallel size: rlhfkit.rl.ring).
+        by world / N, the data-parallel size: rlhfkit.rl.ring). `debug_dump` (--debug_dump_steps): each
+        micro-batch's tensors come back under `debug` (rl/debug_dump.py).
         """
         cfg, world, engine = self.cfg, self.loss_scale, self._trainer()
         kl_coef = self.plan.kl_coef(kl_coef)
         self.model.train()
         sums: dict[str, Any] = {}
-        dump: list[dict[str, Any]] | None = [] if "row_index" in shard else None  # --debug_dump_steps
+        dump: list[dict[str, Any]] | None = [] if debug_dump else None  # --debug_dump_steps
         trace: list[tuple[torch.Tensor, torch.Tensor]] = []
         budget = cfg.train_max_tokens_per_gpu if cfg.use_dynamic_batch else None
         router = engine.aux_loss  # --aux_loss_coef on an MoE actor: the router load-balancing loss
@@ -326,8 +328,8 @@ class ModelWorker:
             if old is None:  # one optimizer step per rollout: the old policy is this one (make_experience)
                 old = self._old_log_probs_of_this_policy(mb, log_probs)
                 accumulate(sums, self._rollout_metrics(old, mb), mask)
-                if "trace_row" in mb:  # the per-sample trace (observability/trace.py): |engine - trainer| per token
-                    trace.append((mb["trace_row"].cpu(), ((old - mb["rollout_log_probs"]).abs() * mask).cpu()))
+                if "row_index" in mb:  # the per-sample trace (observability/trace.py): |engine - trainer| per token
+                    trace.append((mb["row_index"].cpu(), ((old - mb["rollout_log_probs"]).abs() * mask).cpu()))
             out = self.policy_loss(PolicyBatch.of(mb, log_probs, entropy, old), sums, num_tokens=num_tokens,
                                    num_seqs=num_seqs, kl_coef=kl_coef, aux=aux, aux_coef=engine.aux_loss_coef,
                                    aux_share=len(batches) * world, with_tokens=dump is not None)
@@ -396,12 +398,14 @@ class ModelWorker:
             out["rollout/kl"] = masked_mean(compute_kl(old, mb["ref_log_probs"], mask, self.plan.kl_estimator), mask)
         return out
 
-    def train_critic_step(self, shard: dict[str, torch.Tensor], num_tokens: float) -> dict[str, float]:
-        """One optimizer step of the clipped value loss (token mean over the global mini-batch)."""
+    def train_critic_step(self, shard: dict[str, torch.Tensor], num_tokens: float,
+                          debug_dump: bool = False) -> dict[str, float]:
+        """One optimizer step of the clipped value loss (token mean over the global mini-batch); `debug_dump`: see
+        `train_policy_step`."""
         cfg, world = self.cfg, self.loss_scale
         self.model.train()
         sums: dict[str, float] = {}
-        dump: list[dict[str, Any]] | None = [] if "row_index" in shard else None  # --debug_dump_steps
+        dump: list[dict[str, Any]] | None = [] if debug_dump else None  # --debug_dump_steps
         ordered = self.forward.order(shard)
         for mb in micro_batches(ordered, cfg.micro_train_batch_size):
             mb = self._to_device(trim_padding(mb))

@@ -130,7 +130,7 @@ def test_engine_options_from_the_rollout_flags():
 
 
 def test_eval_flags_set_the_evaluation_sampling(monkeypatch):
-    import rlhfkit.rl.ppo_trainer as trainer
+    import rlhfkit.rl.evaluation as trainer
 
     cfg = ppo_cfg(eval_temperature=0.3, eval_n_samples_per_prompt=3, generate_max_len=11, seed=2)
     seen = {}

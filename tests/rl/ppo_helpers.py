@@ -15,7 +15,7 @@ HERE = Path(__file__).parent
 KL_LOSS = {"max_samples": 8, "init_kl_coef": 0.1, "use_kl_loss": True, "kl_estimator": "k3"}
 
 
-def run(model: str, prompts: str, out: Path, engine, **overrides) -> list[dict]:
+def run(model: str, prompts: str, out: Path, engine, observer=None, **overrides) -> list[dict]:
     flags = {"pretrain": model, "prompt_data": prompts, "input_key": "input", "label_key": "label",
              "apply_chat_template": True, "remote_rm_url": str(HERE / "letters_reward.py"),
              "advantage_estimator": "group_norm", "n_samples_per_prompt": 8, "rollout_batch_size": 4,
@@ -24,7 +24,7 @@ def run(model: str, prompts: str, out: Path, engine, **overrides) -> list[dict]:
              "init_kl_coef": 0.0, "num_episodes": 1, "seed": 5, "run_dir": str(out / "run"),
              "save_path": str(out / "hf"), "ckpt_path": str(out / "ckpt"), **overrides}
     cfg = parse_config("ppo", None, flags_to_argv(flags))
-    train_ppo(cfg, engines=[engine])
+    train_ppo(cfg, engines=[engine], observer=observer)
     return [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
 
 

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+from observers import BeforeChunk
 from ppo_helpers import run, series
 
 from rlhfkit.engine.safe_state import load_state
 from rlhfkit.errors import ConfigError
-from rlhfkit.rl import async_rollout
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
@@ -88,7 +88,7 @@ def test_a_queue_of_two_keeps_every_sample_at_most_two_versions_stale(tiny_model
 
 
 def _chunk_after_the_sync(gate, chunk: int, first: dict = {}) -> None:  # noqa: B006 -- one rollout at a time
-    """CHUNK_HOOK: in the generation thread, chunk 1 of a rollout waits until the weights were synced since its chunk
+    """BeforeChunk: in the generation thread, chunk 1 of a rollout waits until the weights were synced since its chunk
     0 (a trainer slower than the engines), so every unfinished sample is resumed with the new weights."""
     if not threading.current_thread().name.startswith("rollout"):
         return
@@ -100,9 +100,9 @@ def _chunk_after_the_sync(gate, chunk: int, first: dict = {}) -> None:  # noqa: 
 
 
 def test_partial_rollouts_resume_across_the_sync_with_mixed_versions(tiny_model_dir, echo_prompt_file,
-                                                                     rollout_vllm_engine, tmp_path, monkeypatch):
-    monkeypatch.setattr(async_rollout, "CHUNK_HOOK", _chunk_after_the_sync)
-    rows = run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, max_samples=8, save_steps=1,
+                                                                     rollout_vllm_engine, tmp_path):
+    rows = run(tiny_model_dir, echo_prompt_file, tmp_path, rollout_vllm_engine, BeforeChunk(_chunk_after_the_sync),
+               max_samples=8, save_steps=1,
                async_train=True, partial_rollout=True, partial_rollout_chunk_tokens=2, enable_vllm_is_correction=True,
                vllm_is_correction_type="seq-mask-tis")
     assert [r["step"] for r in rows] == [1, 2]

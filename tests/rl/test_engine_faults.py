@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from observers import AroundHealthCheck
 
 from rlhfkit.config.parse import flags_to_argv, parse_config
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
@@ -96,8 +97,7 @@ def test_killed_then_hung_engine_is_restarted_synced_and_the_run_finishes(uninte
             os.kill(ray_cluster.get(s.engines[0].whereabouts.remote())["pid"], signal.SIGSTOP)
             killed["stopped_at"] = time.monotonic()
 
-    monkeypatch.setattr(ppo_trainer, "FAULT_HOOK", inject)
-    ppo_trainer.train_ppo(parse_config("ppo", None, flags_to_argv(flags)))
+    ppo_trainer.train_ppo(parse_config("ppo", None, flags_to_argv(flags)), observer=AroundHealthCheck(inject))
     rows = metrics_rows(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]  # the run finished
     assert [r["fault/engine_restarts"] for r in rows] == [0, 1, 2]
@@ -164,11 +164,10 @@ def test_killed_trainer_rank_stops_the_run_at_once_and_the_checkpoint_finishes_i
             seen["survivor_done_s"] = time.monotonic() - seen["killed_at"]
         real_close(s)
 
-    monkeypatch.setattr(ppo_trainer, "FAULT_HOOK", inject)
     monkeypatch.setattr(RLSetup, "close", close)
     monkeypatch.setattr(Pending, "get", get)
     with pytest.raises(RemoteActorDied) as info:
-        ppo_trainer.train_ppo(parse_config("ppo", None, flags_to_argv(flags)))
+        ppo_trainer.train_ppo(parse_config("ppo", None, flags_to_argv(flags)), observer=AroundHealthCheck(inject))
     detected_s = seen["raised_at"] - seen["killed_at"]
     err = info.value
     assert (err.role, err.ranks) == ("actor", [1])
@@ -190,7 +189,6 @@ def test_killed_trainer_rank_stops_the_run_at_once_and_the_checkpoint_finishes_i
           f"after the call, {detected_s:.2f} s after the kill (the step's generation in between); the survivor's "
           f"collective raised by {seen['survivor_done_s']:.2f} s after the kill")
 
-    monkeypatch.setattr(ppo_trainer, "FAULT_HOOK", None)
     monkeypatch.setattr(RLSetup, "close", real_close)
     resumed_flags = {**flags, "load_checkpoint": True, "run_dir": str(tmp_path / "resumed")}
     began = time.monotonic()

@@ -19,6 +19,7 @@ import signal
 import time
 
 import pytest
+from observers import AroundHealthCheck
 from test_engine_faults import metrics_rows, run_flags
 
 from rlhfkit.config.parse import flags_to_argv, parse_config
@@ -143,11 +144,10 @@ def test_engine_stopped_mid_run_is_restarted_within_120_s_with_default_flags(ray
         real_recover(faults, fault, what, raised)
         seen["recovered_at"] = time.monotonic()
 
-    monkeypatch.setattr(ppo_trainer, "FAULT_HOOK", inject)
     monkeypatch.setattr(engine_faults.EngineFaults, "recover", recover)
     cfg = parse_config("ppo", None, flags_to_argv(flags))
     assert (cfg.engine_hang_timeout, cfg.remote_call_timeout) == (60.0, 1800.0)
-    ppo_trainer.train_ppo(cfg)
+    ppo_trainer.train_ppo(cfg, observer=AroundHealthCheck(inject))
     finished = time.monotonic() - seen["stopped_at"]
     recovered = seen["recovered_at"] - seen["stopped_at"]
     rows = metrics_rows(tmp_path / "run")

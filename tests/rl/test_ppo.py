@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from ppo_helpers import assert_same_step, run, series
 
-from rlhfkit.rl.ppo_trainer import pass_at_k
+from rlhfkit.rl.evaluation import pass_at_k
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent

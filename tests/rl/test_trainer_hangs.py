@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from observers import AroundHealthCheck
 from test_engine_faults import metrics_rows, run_flags
 
 from rlhfkit.config.parse import flags_to_argv, parse_config
@@ -178,13 +179,12 @@ def test_actor_rank_stopped_mid_run_stops_it_within_120_s_with_default_flags(ray
         seen.setdefault("raised_at", time.monotonic())
         real_close(s)
 
-    monkeypatch.setattr(ppo_trainer, "FAULT_HOOK", inject)
     monkeypatch.setattr(RLSetup, "close", close)
     cfg = parse_config("ppo", None, flags_to_argv(flags))
     assert (cfg.trainer_hang_timeout, cfg.remote_call_timeout) == (60.0, 1800.0)
     try:
         with pytest.raises(RemoteActorHung) as info:
-            ppo_trainer.train_ppo(cfg)
+            ppo_trainer.train_ppo(cfg, observer=AroundHealthCheck(inject))
     finally:
         if "victim" in seen and Path(f"/proc/{seen['victim']['pid']}").exists():
             os.kill(seen["victim"]["pid"], signal.SIGCONT)

@@ -15,7 +15,7 @@ from rlhfkit.config.parse import flags_to_argv, parse_config
 from rlhfkit.data.synthetic import echo_rows, write_jsonl
 from rlhfkit.engine.best import BestTracker, tracker_for
 from rlhfkit.errors import ConfigError
-from rlhfkit.rl.ppo_trainer import best_tracker, eval_metric_keys
+from rlhfkit.rl.evaluation import best_tracker, eval_metric_keys
 
 
 def _sft(tiny_model_dir: str, tmp_path: Path, **flags) -> list[dict]:
