@@ -8,7 +8,7 @@ same placement group, so their ranks share bundles (the hybrid engine layout).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Concatenate, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import torch
 
@@ -119,18 +119,9 @@ class ModelGroup:
     def world_size(self) -> int:
         return len(self.workers)
 
-    @overload
     def call(self, method: Callable[Concatenate[ModelWorker, P], R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
-        ...
-
-    @overload
-    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:  # deprecated: by name, untyped
-        ...
-
-    def call(self, method: RemoteMethod, *args: Any, **kwargs: Any) -> list[Any]:
         """Call `method` (a `ModelWorker` method: `group.call(ModelWorker.save_hf, path, spec)`) on every rank with
-        the same arguments; return every rank's result. Deprecated: a method name as a string (untyped), kept only
-        for the call sites not converted yet (rl/ppo_trainer.py)."""
+        the same arguments; return every rank's result, typed from the method."""
         return self._call_async(method, *args, **kwargs).get()
 
     def call_async(self, method: Callable[Concatenate[ModelWorker, P], R], *args: P.args,
@@ -172,13 +163,13 @@ class ModelGroup:
                                                         zip(outputs[::ring], parts[::ring])]),
                        (self.role, name, self.workers), self.heartbeats)
 
-    def scatter(self, method: Callable[Concatenate[ModelWorker, Batch, ...], R] | str, shards: Sequence[Batch],
+    def scatter(self, method: Callable[Concatenate[ModelWorker, Batch, ...], R], shards: Sequence[Batch],
                 *args: Any, per_rank: Sequence[Sequence[Any]] | None = None) -> list[R]:
         """Call `method(shards[r], *args, *per_rank[r])` on rank r; return every rank's result (typed from the
-        method's return type; the per-rank arguments are not checked). A string `method`: deprecated."""
+        method's return type; the per-rank arguments are not checked)."""
         return self.scatter_async(method, shards, *args, per_rank=per_rank).get()
 
-    def scatter_async(self, method: Callable[Concatenate[ModelWorker, Batch, ...], R] | str, shards: Sequence[Batch],
+    def scatter_async(self, method: Callable[Concatenate[ModelWorker, Batch, ...], R], shards: Sequence[Batch],
                       *args: Any, per_rank: Sequence[Sequence[Any]] | None = None, **kwargs: Any) -> Pending[list[R]]:
         """`scatter` without waiting: `.get()` the results."""
         name = worker_method(method)
@@ -206,9 +197,9 @@ def run_side_by_side(calls: Sequence[tuple[ModelGroup, Callable[[], Pending[Any]
 
 def worker_method(method: RemoteMethod) -> str:
     """The name of a `ModelWorker` method given as the method itself (`ModelWorker.log_probs`); a method of another
-    class is refused (it would reach a same-named worker method, or none). A string passes as it is (deprecated)."""
+    class is refused (it would reach a same-named worker method, or none), and so is a name as a string."""
     name = method_name(method)
-    if not isinstance(method, str) and getattr(ModelWorker, name, None) is not method:
+    if getattr(ModelWorker, name, None) is not method:
         raise TypeError(f"{getattr(method, '__qualname__', name)} is not a ModelWorker method: a model group's ranks "
                         f"are ModelWorkers (pass e.g. ModelWorker.{name})")
     return name

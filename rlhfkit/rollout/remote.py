@@ -53,14 +53,12 @@ _hang_timeout_s = DEFAULT_ENGINE_HANG_TIMEOUT_S
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
-RemoteMethod = Callable[..., Any] | str  # a method of the callee's class; a name only in deprecated call sites
+RemoteMethod = Callable[..., Any]  # a method of the callee's class, never its name as a string
 
 
 def method_name(method: RemoteMethod) -> str:
-    """The name Ray dispatches a call on: the method's own name (`ModelWorker.save_hf` -> "save_hf"). A string is
-    taken as it is (deprecated: the string form is kept only until the last call sites by name are converted)."""
-    if isinstance(method, str):
-        return method
+    """The name Ray dispatches a call on: the method's own name (`ModelWorker.save_hf` -> "save_hf"); a string (a
+    call by name, which neither mypy nor a reader can follow across Ray) is refused."""
     name = getattr(method, "__name__", None)
     if not isinstance(name, str) or not callable(method):
         raise TypeError(f"a remote call needs a method of the callee's class (e.g. ModelWorker.save_hf), got "
@@ -326,15 +324,6 @@ def _raise_dead_peer(err: BaseException, refs: list[Any], failed: int, role: str
                 pass
 
 
-def call_all(handles: Sequence[Any], method: RemoteMethod, *args: Any, role: str, ranks: Sequence[int] | None = None,
-             timeout_s: float | None = None, hang_timeout_s: float | None = None,
-             heartbeats: Heartbeats | None = None, **kwargs: Any) -> list[Any]:
-    """Deprecated (untyped: use `RemoteActors(handles, role=...).call(Cls.method, ...)`): `method(*args, **kwargs)`
-    on every actor in `handles`, waited with `wait_remote`. Kept for call sites not converted yet."""
-    return RemoteActors(handles, role=role, ranks=ranks, timeout_s=timeout_s, hang_timeout_s=hang_timeout_s,
-                        heartbeats=heartbeats)._call(method, *args, **kwargs)
-
-
 def ping_engines(engines: Sequence[Any], timeout_s: float | None = None) -> None:
     """The engines' health check: `ping()` on each (served in its liveness group: it does not wait behind a call
     in flight, e.g. a generation ahead with --async_train), with a short deadline (dead or hung: `RemoteCallError`)."""
@@ -347,5 +336,5 @@ def ping_engines(engines: Sequence[Any], timeout_s: float | None = None) -> None
 
 __all__ = ["ENGINE_CONCURRENCY_GROUPS", "LIVENESS_GROUP", "LivenessProbes", "Pending", "RemoteActorDied",
            "RemoteActorHung", "RemoteActors", "RemoteCallError", "RemoteCallTimeout", "RemoteMethod", "actor_node",
-           "call_all", "engine_actor_class", "engine_hang_timeout", "method_name", "ping_engines",
+           "engine_actor_class", "engine_hang_timeout", "method_name", "ping_engines",
            "remote_call_timeout", "set_engine_hang_timeout", "set_remote_call_timeout", "wait_remote"]

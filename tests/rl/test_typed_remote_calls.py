@@ -22,9 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 def test_a_method_key_resolves_to_its_name_and_a_non_method_is_refused():
     assert method_name(ModelWorker.save_hf) == "save_hf"
     assert method_name(RolloutEngine.weight_sync_info) == "weight_sync_info"
-    assert method_name("save_hf") == "save_hf"  # the deprecated form, still accepted
-    with pytest.raises(TypeError, match="method of the callee's class"):
-        method_name(3)  # type: ignore[arg-type]
+    for not_a_method in ("save_hf", 3):  # a name as a string is refused too: no call by name is left
+        with pytest.raises(TypeError, match="method of the callee's class"):
+            method_name(not_a_method)  # type: ignore[arg-type]
 
 
 def test_a_group_refuses_a_method_of_another_class():
@@ -71,7 +71,8 @@ def test_typed_calls_reach_the_named_method_on_real_actors(ray_cluster):
         [where] = group.call(ModelWorker.whereabouts)
         assert where["role"] == "reward" and where["rank"] == 0 and where["pid"] != os.getpid()
         assert group.call_async(ModelWorker.compute_threads).get() == [1]  # --torch_threads_per_worker 1
-        assert group.call("compute_threads") == [1]  # deprecated by-name form: the same method
+        with pytest.raises(TypeError, match="ModelWorker.save_hf"):
+            group.call("compute_threads")  # type: ignore[arg-type]  # by name: refused, neither mypy nor a reader follows it
         assert RemoteActors(group.workers, role="reward").call(ModelWorker.whereabouts)[0]["pid"] == where["pid"]
     finally:
         group.shutdown()
