@@ -129,11 +129,17 @@ def test_long_call_on_a_live_rank_outlasts_the_hang_timeout(reference_rank, proc
     monkeypatch.setattr(heartbeat.HeartbeatCheck, "check", check)
     group = reference_rank(3.0)
     assert group.call(ModelWorker.compute_threads)  # the rank is up (and beating)
-    batch = long_batch(384)  # 192 rows took 5.1 s on a quiet machine (AMD EPYC Zen 5): too short for 2 timeouts
+    # sized from a measured probe so the call lasts about 3 timeouts on any CPU and load (384 rows took 5.5 s on a
+    # quiet AMD EPYC Zen 5 once the fused log-probs landed: a fixed size goes stale as the forward gets faster)
     began = time.monotonic()
-    out = group.map_rows(ModelWorker.log_probs, batch)
+    group.map_rows(ModelWorker.log_probs, long_batch(96))
+    per_row = (time.monotonic() - began) / 96
+    rows = min(96 * 64, max(384, 96 * (int(9.0 / per_row) // 96 + 1)))
+    looks.clear()
+    began = time.monotonic()
+    out = group.map_rows(ModelWorker.log_probs, long_batch(rows))
     took = time.monotonic() - began
-    assert out.shape == (384, 96) and torch.isfinite(out).all() and (out < 0).all()
+    assert out.shape == (rows, 96) and torch.isfinite(out).all() and (out < 0).all()
     assert took > 2 * 3.0, f"the call took {took:.2f} s: too short to show anything"
     answered = [look[0] for look in looks if 0 in look]
     assert len(answered) >= 4 and max(answered) < 3.0  # looked at all along, never silent for the timeout
