@@ -177,6 +177,8 @@ def launch(side: str, spec: dict[str, Any], args: argparse.Namespace, folder: Pa
     (folder / "spec.json").write_text(json.dumps(spec, indent=2))
     python, script = ((args.trl_python, "peers_trl.py") if side == "trl"
                       else (args.rlhfkit_python, "peers_rlhfkit.py"))
+    python = os.path.abspath(python) if os.sep in python else python  # the run's cwd is its folder (not a symlink
+    # resolve: a venv's python must stay the venv's)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     if side == "trl":  # rlhfkit's pure reward only; rlhfkit itself is not installed there
         env["PYTHONPATH"] = str(REPO)
