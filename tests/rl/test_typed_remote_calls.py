@@ -160,5 +160,5 @@ def test_mypy_types_the_results_and_checks_the_arguments_of_typed_calls(tmp_path
     assert status == 1, out
     assert 'got "list[int]", expected "list[str]"' in lines["BAD-RESULT"], out
     assert 'got "list[int]", expected "list[str]"' in lines["BAD-ENGINE-RESULT"], out
-    assert '"Callable[[ModelWorker, str, str, dict[str, Any] | None], None]", "int", "str"' in lines["BAD-ARG"], out
+    assert 'Argument 2 to "call" of "ModelGroup" has incompatible type "int"; expected "str"' in lines["BAD-ARG"], out
     assert "Missing positional argument" in lines["BAD-MISSING"] or "Too few arguments" in lines["BAD-MISSING"], out
