@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+from test_ptx_coef import BASE, policy_batch
 
 from rlhfkit.models.logprobs import SamplingTruncation
 from rlhfkit.rl.forward import PackedForward, PaddedForward
@@ -35,16 +36,17 @@ def _batch() -> dict[str, torch.Tensor]:
             "prompt_index": torch.tensor([0, 0]), "prompt_lengths": torch.tensor([4, 4])}
 
 
-def _reference_grads(model, mb, truncation) -> dict[str, torch.Tensor]:
-    """d/dθ sum over response tokens of H(softmax(z / T)), float64, plain autograd (no chunking, no fusion)."""
+def _reference_grads(model, mb, temperature: float = T) -> dict[str, torch.Tensor]:
+    """d/dθ sum over response tokens of H(softmax(z / temperature)), float64, plain autograd (no chunking, no
+    fusion), on a float64 copy of `model`."""
     ref = copy.deepcopy(model).double()
     seq, mask, action = mb["sequences"], mb["attention_mask"], mb["action_mask"]
     width = action.shape[1]
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-    z = ref(input_ids=seq, attention_mask=mask, position_ids=position_ids).logits[:, -width - 1:-1] / T
+    z = ref(input_ids=seq, attention_mask=mask, position_ids=position_ids).logits[:, -width - 1:-1] / temperature
     entropy = -(z.softmax(-1) * z.log_softmax(-1)).sum(-1)
     (entropy * action).sum().backward()
-    return {n: p.grad.float() for n, p in ref.named_parameters() if p.grad is not None}
+    return {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.parametrize("strategy", [PaddedForward, PackedForward])
@@ -56,7 +58,7 @@ def test_the_entropy_bonus_reaches_the_weights(tiny_model, strategy, truncation)
     _, entropy = forward.action_log_probs(tiny_model, mb, with_entropy=True, entropy_grad=True)
     assert entropy is not None and entropy.requires_grad
     (entropy * mb["action_mask"]).sum().backward()
-    want = _reference_grads(tiny_model, mb, truncation)
+    want = {n: g.float() for n, g in _reference_grads(tiny_model, mb).items()}
     got = {n: p.grad for n, p in tiny_model.named_parameters() if p.grad is not None}
     assert got.keys() == want.keys()
     scale = max(float(g.abs().max()) for g in want.values())
@@ -72,56 +74,25 @@ def test_without_the_bonus_the_entropy_is_a_detached_metric(tiny_model, strategy
     assert log_probs.requires_grad and entropy is not None and not entropy.requires_grad
 
 
-def test_a_real_actor_step_gains_minus_coef_times_the_entropy_gradient(tiny_model_dir, monkeypatch):
-    """In a real actor worker (ModelWorker, 1-rank gloo group, lr 0): the gradient of a policy step at
-    --entropy_loss_coef 1 minus the same step's at 0 is -1 x d/dθ (token-mean entropy), float64 reference."""
-    import dataclasses
-
-    import torch.distributed as dist
-    from test_ptx_coef import BASE, policy_batch
+def test_a_real_actor_step_gains_minus_coef_times_the_entropy_gradient(actor, tiny_model_dir):
+    """In a real actor worker (tests/rl/conftest.py's `actor`: ModelWorker, 1-rank gloo group, lr 0): the
+    gradient of a policy step at --entropy_loss_coef 1 minus the same step's at 0 is -1 x d/dθ (token-mean entropy),
+    float64 reference."""
+    from transformers import AutoModelForCausalLM
 
     from rlhfkit.cli.ppo import GROUPS
     from rlhfkit.config.parse import flags_to_argv, parse_config
-    from rlhfkit.engine.distributed import free_port
-    from rlhfkit.rl.worker import ModelWorker
 
-    port = free_port()
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(key, value)
-    owned = not dist.is_initialized()
     data = policy_batch()
     tokens = float(data["action_mask"].sum())
     grads = []
-    try:
-        for coef in (0.0, 1.0):
-            cfg = parse_config("ppo", GROUPS, flags_to_argv({**BASE, "entropy_loss_coef": coef}))
-            worker = ModelWorker("actor", dataclasses.replace(cfg, torch_threads_per_worker=torch.get_num_threads()),
-                                 0, 1, "127.0.0.1", port)
-            worker.init_model(tiny_model_dir, True, 10, 0.0)
-            engine, original = worker.engine, worker.engine.optimizer_step
-
-            def step(report=None, engine=engine, original=original):
-                grads.append({n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).double()
-                              for n, p in engine.model.named_parameters()})
-                return original(report)
-
-            engine.optimizer_step = step
-            worker.train_policy_step(data, tokens)
-    finally:
-        if owned and dist.is_initialized():
-            dist.destroy_process_group()
-    from transformers import AutoModelForCausalLM
-
-    ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
-    seq, action = data["sequences"], data["action_mask"]
-    width = action.shape[1]
-    mask = data["attention_mask"]
-    z = ref(input_ids=seq, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
-    z = z[:, -width - 1:-1]  # --temperature 1
-    entropy = -(z.softmax(-1) * z.log_softmax(-1)).sum(-1)
-    (-1.0 * (entropy * action).sum() / tokens).backward()
-    reference = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
+    for coef in (0.0, 1.0):
+        worker, seen = actor(parse_config("ppo", GROUPS, flags_to_argv({**BASE, "entropy_loss_coef": coef})))
+        worker.train_policy_step(data, tokens)
+        grads += seen
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    mb = {k: data[k] for k in ("sequences", "attention_mask", "action_mask")}
+    reference = {n: -g.double() / tokens for n, g in _reference_grads(model, mb, temperature=1.0).items()}
     without, with_bonus = grads
     largest = max(float(g.abs().max()) for g in reference.values())
     assert largest > 1e-4  # the bonus moves the weights: not a comparison of zeros

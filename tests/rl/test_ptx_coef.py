@@ -5,11 +5,7 @@ LM loss of that batch, computed here independently in float64 on the same weight
 
 from __future__ import annotations
 
-import dataclasses
-
-import pytest
 import torch
-import torch.distributed as dist
 
 from rlhfkit.cli.ppo import GROUPS
 from rlhfkit.config.parse import flags_to_argv, parse_config
@@ -42,39 +38,6 @@ def reference_lm_gradient(model_dir: str, targets: int) -> dict[str, torch.Tenso
     mask = torch.tensor(PTX_LOSS_MASK, dtype=torch.float64)[:, 1:]
     (-(logp * mask).sum() / targets).backward()
     return {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
-
-
-@pytest.fixture
-def actor(tiny_model_dir, monkeypatch):
-    """make(cfg) -> an actor worker built from `cfg` (lr 0: every step sees the initial weights) and the gradients
-    its optimizer saw at each step (before clipping)."""
-    from rlhfkit.engine.distributed import free_port
-    from rlhfkit.rl.worker import ModelWorker
-
-    port = free_port()
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(key, value)  # the worker sets these as Ray's would; restored after the test
-    owned = not dist.is_initialized()
-
-    def make(cfg):
-        worker = ModelWorker("actor", dataclasses.replace(cfg, torch_threads_per_worker=torch.get_num_threads()),
-                             0, 1, "127.0.0.1", port)
-        worker.init_model(tiny_model_dir, True, 10, 0.0)
-        engine, steps = worker.engine, []
-        original = engine.optimizer_step
-
-        def step(report=None):
-            steps.append({name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().double()
-                          for name, p in engine.model.named_parameters()})
-            return original(report)
-
-        engine.optimizer_step = step
-        return worker, steps
-
-    yield make
-    if owned and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def test_ptx_coef_weights_the_lm_loss_gradient_of_the_policy_step(actor, tiny_model_dir):
