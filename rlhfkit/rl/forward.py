@@ -20,6 +20,7 @@ import torch
 from rlhfkit.config.commands import PPOConfig
 from rlhfkit.models.context_parallel import RingGroup
 from rlhfkit.models.logprobs import SamplingTruncation, log_probs_from_logits, shifted_log_probs_and_entropy
+from rlhfkit.models.packed_attention import use_packed_attention
 from rlhfkit.models.positions import position_ids
 from rlhfkit.rl.experience import sort_rows_by_length, sort_rows_by_prompt
 from rlhfkit.rl.packing import (
@@ -68,6 +69,9 @@ class PaddedForward:
         """Inputs the model takes beside the token ids (none for a text model)."""
         return {}
 
+    def prepare(self, model: torch.nn.Module) -> None:
+        """Set up a freshly loaded model for this layout (once, before it is wrapped or sharded): nothing here."""
+
     def values(self, model: torch.nn.Module, mb: Batch) -> torch.Tensor:
         """A `score`-head model's value of the state before each response token, [B, W] float32."""
         from rlhfkit.models.loading import scalar_outputs
@@ -111,6 +115,10 @@ class PackedForward(PaddedForward):
     def order(self, shard: Batch) -> Batch:
         """Rows grouped by prompt: a prompt's samples land in one micro-batch, so its tokens are computed once."""
         return sort_rows_by_prompt(shard)
+
+    def prepare(self, model: torch.nn.Module) -> None:
+        """An SDPA model attends packed rows block by block, without an L x L mask (models/packed_attention.py)."""
+        use_packed_attention(model)
 
     def pack(self, mb: Batch) -> PackedRollout:
         return pack_rollout(mb["sequences"], mb["attention_mask"], mb["action_mask"].shape[1])
@@ -157,6 +165,9 @@ class RingPackedForward(PackedForward):
     ring: RingGroup | None = None  # always given (forward_strategy)
 
     name = "ring-packed"
+
+    def prepare(self, model: torch.nn.Module) -> None:
+        """Nothing: the ring's own attention (`use_ring_attention`) takes the packed row's mask, split by rank."""
 
     def action_log_probs(self, model: torch.nn.Module, mb: Batch, with_entropy: bool = False,
                          entropy_grad: bool = False) -> LogProbs:

@@ -10,8 +10,10 @@ token of its prompt, which every response of that prompt shares.
 
 Cost: the forward and backward run over ``sum_prompts p + sum_rows l`` tokens instead of ``B x (max p + max l)``
 (padding included): with n samples per prompt (GRPO's groups) the prompt is computed once instead of n times, and
-no padding is computed at all. Attention is dense over the packed row (``L x L`` with the mask), which is small next
-to the linear layers for the row lengths of a micro-batch.
+no padding is computed at all. Attention: a model on SDPA attends the packed row block by block
+(`rlhfkit.models.packed_attention`: each sample's prompt + response as a causal row, or each prompt group under its
+own mask, whichever the block sizes make cheaper), never over an ``L x L`` mask; a model on another attention
+implementation gets the dense ``[1, 1, L, L]`` mask (`PackedRollout.attention_mask`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ import torch
 from rlhfkit.algorithms.entropy import entropy_from_logits
 from rlhfkit.models.fused_logprobs import pair_log_probs_and_entropy
 from rlhfkit.models.logprobs import SamplingTruncation, nucleus_log_norm, with_sampled_token
+from rlhfkit.models.packed_attention import (
+    PackedAttention,
+    causal_rows,
+    causal_rows_cost,
+    masked_blocks,
+    masked_blocks_cost,
+    uses_packed_attention,
+)
 
 
 @dataclass
@@ -32,7 +42,8 @@ class PackedRollout:
     input_ids, position_ids: [1, L]; group, segment: [L] (which prompt; -1 on prompt tokens, else the row);
     keep: [K] the positions whose logits are needed; pick: [B, W] index into `keep` of the position that predicts
     response token t of row r; labels: [B, W]; valid: [B, W] (t < that row's response length); last: [B] the
-    packed position of each row's last real token (a reward model's score is read there).
+    packed position of each row's last real token (a reward model's score is read there); blocks: how a model on
+    `PACKED_SDPA` attends the row (`rlhfkit.models.packed_attention`).
     """
 
     input_ids: torch.Tensor
@@ -44,21 +55,53 @@ class PackedRollout:
     labels: torch.Tensor
     valid: torch.Tensor
     last: torch.Tensor
+    blocks: PackedAttention
 
     @property
     def num_tokens(self) -> int:
         return self.input_ids.shape[1]
 
+    def model_inputs(self, model: torch.nn.Module, mask_dtype: torch.dtype) -> dict[str, object]:
+        """Keywords for `model(...)` on this row: the tokens, their positions, and how to attend: the block layout
+        for a model on `PACKED_SDPA` (an all-ones 2D mask beside it, so transformers builds no mask), else the dense
+        4D mask in `mask_dtype`."""
+        inputs: dict[str, object] = {"input_ids": self.input_ids, "position_ids": self.position_ids, "use_cache": False}
+        if uses_packed_attention(model):
+            inputs["attention_mask"] = torch.ones_like(self.input_ids)
+            inputs["packed_attention"] = self.blocks
+        else:
+            inputs["attention_mask"] = self.attention_mask(mask_dtype)
+        return inputs
+
     def attention_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """[1, 1, L, L] additive: 0 where query i may attend key j (same prompt, j <= i, key in the prompt or in
-        the query's own response), dtype-min elsewhere."""
-        group, segment = self.group, self.segment
-        same_prompt = group[:, None] == group[None, :]
-        visible = (segment[None, :] == -1) | (segment[None, :] == segment[:, None])
-        causal = torch.ones(len(group), len(group), dtype=torch.bool, device=group.device).tril()
-        allowed = same_prompt & visible & causal
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=group.device)
+        """[1, 1, L, L] additive: 0 where query i may attend key j (`allowed`), dtype-min elsewhere."""
+        allowed = allowed_keys(self.group, self.segment)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
         return mask.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+def allowed_keys(group: torch.Tensor, segment: torch.Tensor) -> torch.Tensor:
+    """[L, L] bool over packed positions (or any subset of them, in packed order): query i may attend key j when both
+    belong to the same prompt, j <= i, and key j is in the prompt or in the query's own response."""
+    same_prompt = group[:, None] == group[None, :]
+    visible = (segment[None, :] == -1) | (segment[None, :] == segment[:, None])
+    causal = torch.ones(len(group), len(group), dtype=torch.bool, device=group.device).tril()
+    return same_prompt & visible & causal
+
+
+def attention_blocks(prompt_positions: list[range], row_group: list[int], row_positions: list[range],
+                     group: torch.Tensor, segment: torch.Tensor) -> PackedAttention:
+    """The cheaper (`rlhfkit.models.packed_attention` cost estimate) of two exact block layouts of a packed row:
+    causal rows (each sample's prompt + response) or masked blocks (each prompt group under its mask)."""
+    rows = [list(prompt_positions[g]) + list(r) for g, r in zip(row_group, row_positions)]
+    groups = [list(p) for p in prompt_positions]
+    for g, r in zip(row_group, row_positions):
+        groups[g] += list(r)
+    length = len(group)
+    if causal_rows_cost(len(rows), max(map(len, rows))) <= masked_blocks_cost(len(groups), max(map(len, groups))):
+        return causal_rows(rows, length)
+    return masked_blocks([sorted(g) for g in groups],
+                         lambda positions: allowed_keys(group[positions], segment[positions]), length)
 
 
 def pack_rollout(sequences: torch.Tensor, attention_mask: torch.Tensor, response_width: int) -> PackedRollout:
@@ -99,6 +142,9 @@ def pack_rows(prompts: list[list[int]], responses: list[list[int]], response_wid
     group: list[int] = []
     segment: list[int] = []
     laid_out: dict[tuple[int, ...], tuple[int, int]] = {}  # prompt tokens -> (group, packed index of its last token)
+    prompt_positions: list[range] = []  # each group's prompt, packed positions
+    row_group: list[int] = []
+    row_positions: list[range] = []  # each row's response, packed positions
     pick = torch.zeros(rows, response_width, dtype=torch.long)
     labels = torch.zeros(rows, response_width, dtype=torch.long)
     valid = torch.zeros(rows, response_width, dtype=torch.bool)
@@ -113,8 +159,11 @@ def pack_rows(prompts: list[list[int]], responses: list[list[int]], response_wid
             group += [len(laid_out)] * len(prompt)
             segment += [-1] * len(prompt)
             laid_out[key] = (len(laid_out), len(tokens) - 1)
+            prompt_positions.append(range(len(tokens) - len(prompt), len(tokens)))
         g, last = laid_out[key]
         start, n = len(tokens), len(response)
+        row_group.append(g)
+        row_positions.append(range(start, start + n))
         tokens += response
         positions += range(len(prompt), len(prompt) + n)
         group += [g] * n
@@ -127,11 +176,13 @@ def pack_rows(prompts: list[list[int]], responses: list[list[int]], response_wid
         last_token[r] = start + n - 1 if n else last
     keep = torch.unique(pick[valid])
     pick = torch.searchsorted(keep, pick).clamp(max=max(len(keep) - 1, 0)).masked_fill(~valid, 0)
+    group_t, segment_t = torch.tensor(group), torch.tensor(segment)
+    blocks = attention_blocks(prompt_positions, row_group, row_positions, group_t, segment_t)
     return PackedRollout(input_ids=torch.tensor([tokens], device=device),
                          position_ids=torch.tensor([positions], device=device),
-                         group=torch.tensor(group, device=device), segment=torch.tensor(segment, device=device),
+                         group=group_t.to(device), segment=segment_t.to(device),
                          keep=keep.to(device), pick=pick.to(device), labels=labels.to(device),
-                         valid=valid.to(device), last=last_token.to(device))
+                         valid=valid.to(device), last=last_token.to(device), blocks=blocks.to(device))
 
 
 def packed_response_log_probs(model: torch.nn.Module, packed: PackedRollout, temperature: float, *,
@@ -147,9 +198,7 @@ def packed_response_log_probs(model: torch.nn.Module, packed: PackedRollout, tem
     With an active `truncation` (--top_k / --top_p) it runs over the kept set of each position instead
     (`rlhfkit.models.logprobs.nucleus_log_norm`), which a sampled token outside it joins (`with_sampled_token`).
     """
-    logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                   attention_mask=packed.attention_mask(mask_dtype), use_cache=False,
-                   logits_to_keep=packed.keep).logits[0]                         # [K, V], the model's dtype
+    logits = model(**packed.model_inputs(model, mask_dtype), logits_to_keep=packed.keep).logits[0]  # [K, V]
     return kept_log_probs_and_entropy(logits, packed.pick, packed.labels, packed.valid, temperature,
                                       with_entropy=with_entropy, truncation=truncation, entropy_grad=entropy_grad)
 
@@ -188,7 +237,6 @@ def packed_scalar_outputs(model: torch.nn.Module, packed: PackedRollout, *, mask
     The state before response token t is read at the position that predicts it, as the padded critic does."""
     from rlhfkit.models.loading import head_values
 
-    values = head_values(model, input_ids=packed.input_ids, position_ids=packed.position_ids,
-                         attention_mask=packed.attention_mask(mask_dtype), use_cache=False)[0].float()  # [L]
+    values = head_values(model, **packed.model_inputs(model, mask_dtype))[0].float()  # [L]
     token_values = values[packed.keep][packed.pick].masked_fill(~packed.valid, 0.0)
     return values[packed.last], token_values

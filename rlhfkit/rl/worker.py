@@ -144,6 +144,7 @@ class ModelWorker:
                                        compute_dtype=compute_dtype(self.plan.trainer_dtype, self.dist.device))
         self.forward = forward_strategy(self.cfg, ring=self.ring, vision=vision, truncation=self.truncation,
                                         mask_dtype=self._mask_dtype())
+        self.forward.prepare(model)
         if reward_model and self.cfg.normalize_reward:
             from rlhfkit.rewards.reward_model import reward_stats
 

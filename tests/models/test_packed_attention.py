@@ -1,0 +1,138 @@
+"""Packed rows attended block by block (`rlhfkit.models.packed_attention`): both block layouts must give what the
+dense ``[L, L]`` mask gives (outputs and gradients, float64), whichever layout the cost estimate picks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rlhfkit.models.loading import load_causal_lm
+from rlhfkit.models.packed_attention import (
+    PACKED_SDPA,
+    PackedAttention,
+    causal_rows,
+    masked_blocks,
+    packed_sdpa_forward,
+    use_packed_attention,
+    uses_packed_attention,
+)
+from rlhfkit.models.positions import position_ids
+from rlhfkit.rl.experience import build_experience, trim_padding
+from rlhfkit.rl.packing import PackedRollout, allowed_keys, pack_rollout, pack_rows, packed_response_log_probs
+
+# prompt A's rows come before and after prompt B's, so group A's tokens are not contiguous in the packed row;
+# one response is empty
+PROMPTS = [[5, 6, 7, 8, 9], [11, 12], [5, 6, 7, 8, 9], [13, 14, 15], [11, 12], [5, 6, 7, 8, 9]]
+RESPONSES = [[20, 21, 22], [29, 30], [24, 25, 26, 27, 28], [31, 32, 33, 34], [], [23]]
+
+
+def layouts_of(packed: PackedRollout) -> dict[str, PackedAttention]:
+    """Both block layouts of `packed`, built here from its group/segment tensors (independently of pack_rows)."""
+    group, segment = packed.group, packed.segment
+    length = len(group)
+    rows, blocks = [], []
+    for g in range(int(group.max()) + 1):
+        in_group = (group == g).nonzero().flatten()
+        prompt = in_group[segment[in_group] == -1].tolist()
+        blocks.append(in_group.tolist())
+        for r in sorted(set(segment[in_group].tolist()) - {-1}):
+            rows.append(prompt + (segment == r).nonzero().flatten().tolist())
+    return {"causal rows": causal_rows(rows, length),
+            "masked blocks": masked_blocks(blocks, lambda pos: allowed_keys(group[pos], segment[pos]), length)}
+
+
+def test_each_layout_equals_the_dense_mask_on_random_heads_with_grouped_keys():
+    """The attention function itself: [1, H, L, D] queries against H_kv = H / 2 key/value heads, float64, outputs
+    and the gradients of query, key and value, against SDPA under the packed row's dense boolean mask."""
+    packed = pack_rows(PROMPTS, RESPONSES, 5)
+    length = packed.num_tokens
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, length, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    k = torch.randn(1, 2, length, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    v = torch.randn(1, 2, length, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    weights = torch.randn(1, length, 4, 8, dtype=torch.float64, generator=g)
+    allowed = allowed_keys(packed.group, packed.segment)
+    dense = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[None, None], enable_gqa=True).transpose(1, 2)
+    expected = [dense.detach(), *torch.autograd.grad((dense * weights).sum(), (q, k, v))]
+    assert expected[0].abs().sum() > 1 and all(t.abs().sum() > 1e-3 for t in expected[1:])
+    for kind, layout in layouts_of(packed).items():
+        assert layout.kind == kind
+        out, _ = packed_sdpa_forward(torch.nn.Module(), q, k, v, None, scaling=8 ** -0.5, packed_attention=layout)
+        got = [out.detach(), *torch.autograd.grad((out * weights).sum(), (q, k, v))]
+        for name, a, b in zip(("output", "dq", "dk", "dv"), got, expected):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=lambda m, n=name, kd=kind: f"{kd} {n}: {m}")
+
+
+@pytest.mark.parametrize("kind", ["causal rows", "masked blocks", "chosen"])
+def test_a_packed_model_pass_equals_the_dense_mask_pass(tiny_model_dir, kind):
+    """Through the tiny model in float64: log-probs, entropies and every parameter's gradient of the packed row
+    with block attention equal the same row under the dense mask (the path tests/rl/test_packing.py ties to the
+    padded forward)."""
+    exp = build_experience(PROMPTS, RESPONSES, [[-1.0] * len(r) for r in RESPONSES], [0, 1, 0, 2, 1, 0], 0)
+    mb = trim_padding(exp.tensors())
+    valid = mb["action_mask"]
+    rollout = pack_rollout(mb["sequences"], mb["attention_mask"], valid.shape[1])
+    if kind != "chosen":
+        rollout = dataclasses.replace(rollout, blocks=layouts_of(rollout)[kind])
+    weights = torch.linspace(-1.0, 2.0, valid.numel(), dtype=torch.float64).view_as(valid) * valid
+    results = []
+    for blocks in (False, True):
+        model = load_causal_lm(tiny_model_dir, attn_implementation="sdpa").double()
+        assert not uses_packed_attention(model)
+        if blocks:
+            assert use_packed_attention(model) and model.config._attn_implementation == PACKED_SDPA
+        log_probs, entropy = packed_response_log_probs(model, rollout, 0.8, mask_dtype=torch.float64,
+                                                       with_entropy=True, entropy_grad=True)
+        ((log_probs + 0.1 * entropy) * weights).sum().backward()
+        results.append((log_probs.detach(), entropy.detach(),
+                        {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (lp_dense, ent_dense, g_dense), (lp_blocks, ent_blocks, g_blocks) = results
+    assert lp_dense.abs().sum() > 1.0 and len(g_dense) > 10
+    torch.testing.assert_close(lp_blocks, lp_dense, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ent_blocks, ent_dense, rtol=0, atol=1e-12)
+    assert g_blocks.keys() == g_dense.keys()
+    for name, expected in g_dense.items():
+        torch.testing.assert_close(g_blocks[name], expected, rtol=1e-10, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_calls_without_a_layout_run_plain_sdpa(tiny_model_dir):
+    """The padded forward of a model switched to PACKED_SDPA (the weight-sync probe, generation-free paths) is the
+    SDPA model's, bit for bit, with left padding."""
+    seq = torch.tensor([[0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]])
+    mask = (seq != 0).long()
+    plain = load_causal_lm(tiny_model_dir, attn_implementation="sdpa")
+    switched = load_causal_lm(tiny_model_dir, attn_implementation="sdpa")
+    assert use_packed_attention(switched)
+    with torch.no_grad():
+        a = plain(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask)).logits
+        b = switched(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask)).logits
+    assert torch.equal(a[mask.bool()], b[mask.bool()])
+
+
+def test_a_model_on_another_attention_kernel_keeps_it_and_gets_the_dense_mask(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir, attn_implementation="eager")
+    assert not use_packed_attention(model) and model.config._attn_implementation == "eager"
+    packed = pack_rows(PROMPTS, RESPONSES, 5)
+    inputs = packed.model_inputs(model, torch.float32)
+    assert "packed_attention" not in inputs and inputs["attention_mask"].shape == (1, 1, packed.num_tokens,
+                                                                                 packed.num_tokens)
+
+
+def test_the_cost_estimate_picks_rows_for_long_responses_and_blocks_for_a_long_shared_prompt():
+    """GRPO with long answers (8 x 512 after a 60-token prompt): causal rows (the dense mask would compute 7x the
+    scores); a 1,000-token prompt shared by 8 answers of 32: the group under its mask (rows would repeat the prompt's
+    self-attention 8 times). The rule's constants are measured (benchmarks/packed_attention.py)."""
+    long_answers = pack_rows([[1] * 60] * 8, [[2] * 512] * 8, 512)
+    assert long_answers.blocks.kind == "causal rows" and tuple(long_answers.blocks.index.shape) == (8, 572)
+    long_prompt = pack_rows([[1] * 1000] * 8, [[2] * 32] * 8, 32)
+    assert long_prompt.blocks.kind == "masked blocks" and tuple(long_prompt.blocks.index.shape) == (1, 1256)
+
+
+def test_a_layout_that_leaves_a_position_out_is_refused():
+    with pytest.raises(ValueError, match=r"positions \[3\] are in no block"):
+        causal_rows([[0, 1, 2]], 4)
+    with pytest.raises(ValueError, match="in two blocks"):
+        masked_blocks([[0, 1], [1, 2]], lambda pos: torch.ones(len(pos), len(pos), dtype=torch.bool), 3)
