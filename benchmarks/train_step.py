@@ -30,8 +30,9 @@ RESULTS = Path(__file__).parent / "results"
 PROMPTS, SAMPLES, PROMPT_LEN, RESPONSE_LEN = 4, 8, 45, 24
 
 
-def batches(vocab: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    """One micro-batch per prompt: its 8 samples, left-padded prompt + right-padded response (the worker's layout)."""
+def batches(vocab: int, seed: int = 0, prompts_per_micro: int = 1) -> list[dict[str, torch.Tensor]]:
+    """Micro-batches of `prompts_per_micro` prompts' 8 samples each (the demo: 1, --micro_train_batch_size 8),
+    left-padded prompt + right-padded response (the worker's layout)."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(PROMPTS):
@@ -40,13 +41,17 @@ def batches(vocab: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
         out.append({"sequences": rows, "attention_mask": torch.ones_like(rows),
                     "action_mask": torch.ones(SAMPLES, RESPONSE_LEN, dtype=torch.bool),
                     "advantages": torch.randn(SAMPLES, RESPONSE_LEN, generator=g)})
-    return out
+    return [{key: torch.cat([mb[key] for mb in out[i:i + prompts_per_micro]]) for key in out[0]}
+            for i in range(0, len(out), prompts_per_micro)]
 
 
 def build(path_name: str, model_dir: str):
     from rlhfkit.models.loading import load_causal_lm
 
+    from rlhfkit.models.packed_attention import use_packed_attention
+
     model = load_causal_lm(model_dir)
+    use_packed_attention(model)  # as the workers' packed strategy does (rl/forward.py)
     if path_name == "fp32":
         return model, torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True), torch.float32, None
     if path_name == "fsdp-bf16":  # what shard_model did on one rank before the masters (2 ranks still do this)
@@ -61,7 +66,7 @@ def build(path_name: str, model_dir: str):
         return model, torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True), torch.bfloat16, None
     from rlhfkit.engine.master_weights import MasterWeights
 
-    master = MasterWeights(model, torch.bfloat16)
+    master = MasterWeights(model, torch.bfloat16, rounding="stochastic")  # the default --master_weights_rounding
     return model, torch.optim.AdamW(master.masters.parameters(), lr=1e-6, fused=True), torch.bfloat16, master
 
 
@@ -80,13 +85,19 @@ def step(model, optimizer, master, mbs, mask_dtype) -> None:
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if master is not None:
-        master.sync_to_model()
+        step.count += 1  # type: ignore[attr-defined]
+        master.sync_to_model(step=step.count)  # type: ignore[attr-defined]
+
+
+step.count = 0  # type: ignore[attr-defined]  # optimizer steps taken (seeds stochastic rounding)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--paths", default="fp32,fsdp-bf16,bf16-master")
+    parser.add_argument("--prompts_per_micro", type=int, default=1,
+                        help="prompts (of 8 samples) per micro-batch: 1 is the demo's --micro_train_batch_size 8")
     parser.add_argument("--profile", action="store_true", help="a torch.profiler table per path (one step)")
     args = parser.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -101,7 +112,7 @@ def main() -> None:
     paths = args.paths.split(",")
     built = {p: build(p, model_dir) for p in paths}
     vocab = built[paths[0]][0].config.vocab_size
-    mbs = batches(vocab)
+    mbs = batches(vocab, prompts_per_micro=args.prompts_per_micro)
     params = sum(p.numel() for p in built[paths[0]][0].parameters())
     packed_tokens = PROMPTS * (PROMPT_LEN + SAMPLES * RESPONSE_LEN)
     flops = 6 * params * packed_tokens  # forward + backward over the packed tokens (an upper bound: the head runs on

@@ -44,24 +44,45 @@ def cast_parameters(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return model
 
 
+ROUNDING_CHUNK = 1 << 20  # elements per pass: the passes' working set (12 MiB) stays in cache
+
+
+class RoundingScratch:
+    """Buffers for `stochastic_round_to_bf16` on one device, reused across calls (12 MiB at the default chunk)."""
+
+    def __init__(self, device: torch.device | str, chunk: int = ROUNDING_CHUNK) -> None:
+        self.chunk = chunk
+        self.draws = torch.empty((chunk + 3) // 4, dtype=torch.int64, device=device)  # 64 random bits each
+        self.noise = torch.empty(chunk, dtype=torch.int32, device=device)
+
+
 def stochastic_round_to_bf16(x: torch.Tensor, generator: torch.Generator, out: torch.Tensor | None = None,
-                             scratch: torch.Tensor | None = None) -> torch.Tensor:
+                             scratch: RoundingScratch | None = None) -> torch.Tensor:
     """`x` (fp32) rounded to bf16 up or down at random, up with probability (x - lower) / (upper - lower), where lower
     and upper are the bf16 neighbours around x in magnitude: add 16 uniform random low bits to the fp32 bit
     pattern, then drop the low 16 bits (truncation toward zero). Unbiased: E[result] = x. Finite inputs only.
-    `out`: a bf16 tensor of x's shape to write into (returned); `scratch`: an int32 buffer of at least x.numel()
-    elements to work in (the three passes then allocate nothing). The random draws (torch's CPU generator, one per
-    element, ~1.8 ns each) are most of the cost: 0.29 s for 135M weights against 0.02 s for a plain cast (AMD EPYC
-    Zen 5, 2 threads)."""
-    bits = x.detach().to(torch.float32).contiguous().view(torch.int32)
-    if scratch is None:
-        scratch = torch.empty(bits.numel(), dtype=torch.int32, device=bits.device)
-    noise = scratch.view(-1)[: bits.numel()].view(bits.shape)
-    noise.random_(0, 1 << 16, generator=generator)
-    noise.add_(bits).bitwise_and_(-65536)  # low bits zero: the cast below is exact
+    `out`: a contiguous bf16 tensor of x's shape to write into (returned); `scratch`: buffers to reuse.
+
+    Cost: the random bits are most of it, so each draw of the generator (64 bits, full range) serves four
+    elements, 16 bits each; and the work runs a chunk of `scratch.chunk` elements at a time, so its five passes
+    stay in cache. 135M weights: 0.12 s, against 0.31 s for one 16-bit draw per element over whole tensors and
+    0.02 s for a plain cast (AMD EPYC Zen 5, 2 threads; docs/engine.md)."""
+    bits = x.detach().to(torch.float32).contiguous().view(-1).view(torch.int32)
     if out is None:
-        return noise.view(torch.float32).to(torch.bfloat16)
-    return out.copy_(noise.view(torch.float32))
+        out = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    if not out.is_contiguous() or out.dtype != torch.bfloat16 or out.shape != x.shape:
+        raise ValueError(f"stochastic_round_to_bf16: out must be a contiguous bf16 tensor of shape {tuple(x.shape)}, "
+                         f"got {out.dtype} {tuple(out.shape)}")
+    flat = out.view(-1)
+    scratch = scratch or RoundingScratch(x.device, min(ROUNDING_CHUNK, max(bits.numel(), 4)))
+    for start in range(0, bits.numel(), scratch.chunk):
+        size = min(scratch.chunk, bits.numel() - start)
+        draws = scratch.draws[: (size + 3) // 4].random_(-(1 << 63), None, generator=generator)
+        noise = scratch.noise[:size]
+        noise.copy_(draws.view(torch.int16)[:size])  # sign-extended: the low 16 bits are the draw's
+        noise.bitwise_and_(0xFFFF).add_(bits[start:start + size]).bitwise_and_(-65536)  # the cast below is exact
+        flat[start:start + size].copy_(noise.view(torch.float32))
+    return out
 
 
 ROUNDINGS = ("nearest", "stochastic")
@@ -75,7 +96,7 @@ class MasterWeights:
             raise ValueError(f"rounding must be one of {ROUNDINGS}, not {rounding!r}")
         self.stochastic = rounding == "stochastic" and dtype == torch.bfloat16
         self.seed = seed
-        self.scratch: torch.Tensor | None = None
+        self.scratch: RoundingScratch | None = None
         self.masters = copy.deepcopy(model)  # fp32: the same names, the same ties
         cast_parameters(model, dtype)
         self.pairs = list(zip(model.parameters(), self.masters.parameters(), strict=True))
@@ -108,10 +129,8 @@ class MasterWeights:
             elif param.requires_grad or not trainable_only:
                 param.copy_(master)
 
-    def _scratch(self) -> torch.Tensor:
-        """One int32 buffer the size of the largest trainable parameter, for stochastic rounding (kept: 4 bytes per
-        element of that parameter)."""
+    def _scratch(self) -> RoundingScratch:
+        """Stochastic rounding's buffers, made once (12 MiB)."""
         if self.scratch is None:
-            largest = max(master.numel() for param, master in self.pairs if param.requires_grad)
-            self.scratch = torch.empty(largest, dtype=torch.int32, device=self.pairs[0][1].device)
+            self.scratch = RoundingScratch(self.pairs[0][1].device)
         return self.scratch

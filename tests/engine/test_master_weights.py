@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from rlhfkit.engine.master_weights import MasterWeights, cast_parameters, stochastic_round_to_bf16
+from rlhfkit.engine.master_weights import MasterWeights, RoundingScratch, cast_parameters, stochastic_round_to_bf16
 
 
 @pytest.fixture(scope="module")
@@ -123,21 +123,29 @@ def _bf16_neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return as_float(low), as_float(low + 65536)
 
 
-def test_stochastic_rounding_picks_a_neighbour_with_the_right_odds_float64():
+@pytest.mark.parametrize("chunk", [None, 4096])
+def test_stochastic_rounding_picks_a_neighbour_with_the_right_odds_float64(chunk):
+    """Every element, and each of the four 16-bit lanes a 64-bit draw is cut into (the fourth holds the draw's sign
+    bit), rounds up with the odds of its distance to the lower neighbour; with a 4096-element chunk the 20,003
+    elements take five chunks and a tail."""
     g = torch.Generator().manual_seed(0)
+    n = 20003
+    scratch = RoundingScratch("cpu", chunk) if chunk else None
     spots = torch.tensor([0.05, 0.7, 3.0, 1e-3, 123.0], dtype=torch.float32)
     for sign in (1.0, -1.0):
         for base in spots:
             low, high = _bf16_neighbours(base.reshape(1))
             for frac in (0.1, 0.37, 0.5, 0.9):
                 x64 = low + frac * (high - low)
-                x = x64.to(torch.float32).expand(20000).clone() * sign
-                out = stochastic_round_to_bf16(x, g).to(torch.float64) * sign  # magnitudes
+                x = x64.to(torch.float32).expand(n).clone() * sign
+                out = stochastic_round_to_bf16(x, g, scratch=scratch).to(torch.float64) * sign  # magnitudes
                 assert set(out.unique().tolist()) <= {low.item(), high.item()}
-                up = (out == high).double().mean().item()
                 exact_frac = ((x64.to(torch.float32).to(torch.float64) - low) / (high - low)).item()
-                sigma = (exact_frac * (1 - exact_frac) / 20000) ** 0.5
-                assert abs(up - exact_frac) < 5 * sigma + 2 ** -16, (base.item(), frac, sign)
+                for lane in (slice(None), slice(0, None, 4), slice(1, None, 4), slice(2, None, 4), slice(3, None, 4)):
+                    up_lane = (out[lane] == high).double()
+                    sigma = (exact_frac * (1 - exact_frac) / len(up_lane)) ** 0.5
+                    assert abs(up_lane.mean().item() - exact_frac) < 5 * sigma + 2 ** -16, (base.item(), frac, sign,
+                                                                                          lane)
     representable = torch.tensor([0.5, -0.75, 1.0, 0.0], dtype=torch.float32)
     assert torch.equal(stochastic_round_to_bf16(representable, g), representable.to(torch.bfloat16))
 
