@@ -47,7 +47,6 @@ def batches(vocab: int, seed: int = 0, prompts_per_micro: int = 1) -> list[dict[
 
 def build(path_name: str, model_dir: str):
     from rlhfkit.models.loading import load_causal_lm
-
     from rlhfkit.models.packed_attention import use_packed_attention
 
     model = load_causal_lm(model_dir)

@@ -79,16 +79,24 @@ def is_packed(batch: dict[str, torch.Tensor]) -> bool:
     return "cu_seqlens" in batch
 
 
-def model_inputs(batch: dict[str, torch.Tensor], *, explicit_mask: bool = False,
-                 dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+def model_inputs(batch: dict[str, torch.Tensor], *, model: torch.nn.Module | None = None,
+                 explicit_mask: bool = False, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     """Keyword arguments for ``model(**kwargs)`` so a packed forward equals the unpacked one (see module docstring).
 
-    ``dtype`` is the dtype of the 4D mask with ``explicit_mask`` (use the model's compute dtype).
+    A packed batch for a `model` on `PACKED_SDPA` (`use_packed_attention`, done by the trainers' model loaders
+    under --packing_samples) carries its block layout (`rlhfkit.models.packed_attention.sample_blocks`) and an
+    all-ones mask, so no ``[L, L]`` mask is built. ``dtype`` is the dtype of the 4D mask with ``explicit_mask``
+    (use the model's compute dtype).
     """
+    from rlhfkit.models.packed_attention import sample_blocks, uses_packed_attention
+
     kwargs: dict[str, Any] = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"],
                               "use_cache": False}
     if not is_packed(batch):
         kwargs["attention_mask"] = batch["attention_mask"]
+    elif model is not None and uses_packed_attention(model):
+        kwargs["attention_mask"] = torch.ones_like(batch["input_ids"])
+        kwargs["packed_attention"] = sample_blocks(batch["seq_lens"].tolist()).to(batch["input_ids"].device)
     elif explicit_mask:
         kwargs["attention_mask"] = block_causal_mask(batch["seq_lens"], dtype)
     return kwargs

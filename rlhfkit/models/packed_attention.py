@@ -120,6 +120,23 @@ def masked_blocks_cost(blocks: int, width: int) -> float:
     return BLOCK_OVERHEAD_NS + blocks * BLOCK_SCORE_NS * width * width
 
 
+def sample_blocks(lengths: Sequence[int]) -> PackedAttention:
+    """The layout of a row of whole samples packed back to back (the offline trainers' --packing_samples,
+    `rlhfkit.data.collate.collate_packed`): one causal row per sample, or the whole row as one block under its
+    block-diagonal causal mask, whichever `causal_rows_cost` / `masked_blocks_cost` rates cheaper."""
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    rows = [range(start, start + n) for start, n in zip(starts, lengths)]
+    total = sum(lengths)
+    if causal_rows_cost(len(rows), max(lengths)) <= masked_blocks_cost(1, total):
+        return causal_rows(rows, total)
+    sample_of = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+
+    def allowed(positions: torch.Tensor) -> torch.Tensor:
+        owner = sample_of[positions]
+        return (owner[:, None] == owner[None, :]) & torch.ones(len(owner), len(owner), dtype=torch.bool).tril()
+    return masked_blocks([range(total)], allowed, total)
+
+
 def packed_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                         packed_attention: PackedAttention | None = None, **kwargs: Any,
@@ -143,8 +160,12 @@ def packed_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch
         return t[0].index_select(1, flat).view(h, blocks, width, d).transpose(0, 1)
 
     q, k, v = gather(query), gather(key), gather(value)
+    grouped = q.shape[1] != k.shape[1]
+    if grouped and layout.mask is not None and q.device.type == "cuda":  # CUDA's kernels take grouped heads unmasked
+        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        grouped = False
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask, dropout_p=dropout, scale=scaling,
-                                         is_causal=layout.mask is None, enable_gqa=q.shape[1] != k.shape[1])
+                                         is_causal=layout.mask is None, enable_gqa=grouped)
     heads, dim = out.shape[1], out.shape[3]
     rows = out.transpose(1, 2).reshape(blocks * width, heads, dim)         # [N * W, H, D]
     return rows.index_select(0, layout.source)[None], None                  # [1, L, H, D]
@@ -171,7 +192,8 @@ def use_packed_attention(model: torch.nn.Module) -> bool:
     if current != "sdpa" or not hasattr(model, "set_attn_implementation"):
         return False
     register_packed_attention()
-    model.set_attn_implementation(PACKED_SDPA)
+    hf: Any = model  # a transformers model: set_attn_implementation is its method, not nn.Module's
+    hf.set_attn_implementation(PACKED_SDPA)
     return True
 
 

@@ -57,7 +57,7 @@ def target_log_probs(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Ten
         labels = local_slice(F.pad(ids[:, 1:], (0, 1)), ring)  # the token after each position of the chunk
         log_probs = gather_sequence(log_probs_from_logits(logits.float(), labels), ids.shape[1] - 1, ring)
         return log_probs, batch["loss_mask"][:, 1:].to(log_probs.dtype)
-    logits = model(**model_inputs(batch)).logits[:, :-1]
+    logits = model(**model_inputs(batch, model=model)).logits[:, :-1]
     log_probs = log_probs_from_logits(logits.float(), batch["input_ids"][:, 1:])
     return log_probs, batch["loss_mask"][:, 1:].to(log_probs.dtype)
 

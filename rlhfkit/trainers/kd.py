@@ -34,7 +34,7 @@ from rlhfkit.trainers.sft import collate_for, target_count
 
 def response_logits(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
     """Logits that predict the target tokens, ``[N, V]`` (N = targets of the batch, in row-major order)."""
-    logits = model(**model_inputs(batch)).logits[:, :-1]
+    logits = model(**model_inputs(batch, model=model)).logits[:, :-1]
     return logits[batch["loss_mask"][:, 1:].bool()]
 
 

@@ -58,7 +58,7 @@ def prm_batch_loss(model: nn.Module, batch: dict[str, Any], *, placeholder_token
                    reward_token_ids: list[int] | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Sum over the micro-batch's steps of the token loss, and the number of correctly classified steps."""
     batch = to_device(batch, model_device(model))
-    logits = model(**model_inputs(batch)).logits
+    logits = model(**model_inputs(batch, model=model)).logits
     loss, accuracy = prm_token_loss(logits, batch["input_ids"], batch["labels"],
                                     placeholder_token_id=placeholder_token_id, reward_token_ids=reward_token_ids)
     steps = (batch["input_ids"] == placeholder_token_id).sum()
@@ -88,7 +88,7 @@ def prm_step_scores(model: nn.Module, tokenizer: Any, texts: Sequence[str], *, p
     rows = [{"input_ids": encode_steps(encoder, apply_input_template(t, input_template).split(placeholder_token),
                                        placeholder_id)} for t in texts]
     batch = to_device(collate_padded(rows, tokenizer.pad_token_id, keys=("input_ids", None)), model_device(model))
-    logits = model(**model_inputs(batch)).logits.float()
+    logits = model(**model_inputs(batch, model=model)).logits.float()
     probs = torch.softmax(logits[..., reward_ids], dim=-1)[..., 0]
     at = batch["input_ids"] == placeholder_id
     return [probs[b][at[b]].cpu().tolist() for b in range(len(rows))]

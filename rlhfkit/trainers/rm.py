@@ -33,6 +33,7 @@ from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.loading import head_values, load_scalar_model, scalar_outputs
 from rlhfkit.models.lora import apply_lora
+from rlhfkit.models.packed_attention import use_packed_attention
 from rlhfkit.trainers.loop import OfflineMethod
 from rlhfkit.trainers.pairs import PAIR_SIDES, preference_samples
 from rlhfkit.trainers.sequence_logps import collate_sides, map_sharded, model_device, to_device
@@ -76,7 +77,7 @@ def pair_rewards(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor,
     """(chosen rewards [B], rejected rewards [B]) of a `collate_rm` batch, float32: the head at each sequence's
     last token (in a packed row, at the end of each packed sequence)."""
     if is_packed(batch):
-        last = head_values(model, **model_inputs(batch))[0, batch["cu_seqlens"][1:].long() - 1]
+        last = head_values(model, **model_inputs(batch, model=model))[0, batch["cu_seqlens"][1:].long() - 1]
     else:
         last, _ = scalar_outputs(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"])
     n = last.shape[0] // 2
@@ -116,6 +117,8 @@ def load_reward_model(cfg: TrainingConfig, dist_info: DistInfo) -> nn.Module:
     model = load_scalar_model(need(cfg.pretrain, "--pretrain"), attn_implementation=cfg.attn_implementation,
                               load_in_4bit=cfg.load_in_4bit,
                               compute_dtype=compute_dtype(cfg.param_dtype, dist_info.device))
+    if cfg.packing_samples:  # packed rows attended sample by sample, no [L, L] mask (models/packed_attention.py)
+        use_packed_attention(model)
     if cfg.lora_rank > 0:
         return apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.target_modules, cfg.lora_dropout)
     return model

@@ -25,6 +25,7 @@ from rlhfkit.engine.distributed import DistInfo, init_distributed
 from rlhfkit.engine.fsdp import shard_model
 from rlhfkit.models.context_parallel import data_parallel_coords, ring_group, use_ring_attention
 from rlhfkit.models.loading import load_causal_lm
+from rlhfkit.models.packed_attention import use_packed_attention
 from rlhfkit.trainers.common import target_log_probs
 
 log = logging.getLogger("rlhfkit")
@@ -78,6 +79,8 @@ def map_sharded(samples: Sequence[Any], micro: int, fn: Callable[[list[Any]], li
 def load_frozen_causal_lm(spec: str, cfg: TrainingConfig, dist_info: DistInfo, offload: bool = False) -> nn.Module:
     """A forward-only causal LM (reference or teacher): no grads, eval mode, FSDP2-sharded like the policy."""
     model = load_causal_lm(spec, attn_implementation=cfg.attn_implementation)
+    if cfg.packing_samples:  # packed rows attended sample by sample, no [L, L] mask (models/packed_attention.py)
+        use_packed_attention(model)
     model.requires_grad_(False)
     model.eval()
     if ring_group() is not None:

@@ -21,6 +21,7 @@ from rlhfkit.engine.distributed import DistInfo
 from rlhfkit.engine.fsdp import compute_dtype
 from rlhfkit.models.loading import load_causal_lm
 from rlhfkit.models.lora import apply_lora
+from rlhfkit.models.packed_attention import use_packed_attention
 from rlhfkit.trainers.common import target_log_probs
 from rlhfkit.trainers.loop import OfflineMethod
 
@@ -60,6 +61,8 @@ def load_policy(cfg: TrainingConfig, dist_info: DistInfo) -> nn.Module:
     model = load_causal_lm(need(cfg.pretrain, "--pretrain"), attn_implementation=cfg.attn_implementation,
                            load_in_4bit=cfg.load_in_4bit,
                            compute_dtype=compute_dtype(cfg.param_dtype, dist_info.device))
+    if cfg.packing_samples:  # packed rows attended sample by sample, no [L, L] mask (models/packed_attention.py)
+        use_packed_attention(model)
     if cfg.lora_rank > 0:
         return apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.target_modules, cfg.lora_dropout)
     return model

@@ -136,3 +136,32 @@ def test_a_layout_that_leaves_a_position_out_is_refused():
         causal_rows([[0, 1, 2]], 4)
     with pytest.raises(ValueError, match="in two blocks"):
         masked_blocks([[0, 1], [1, 2]], lambda pos: torch.ones(len(pos), len(pos), dtype=torch.bool), 3)
+
+
+@pytest.mark.parametrize(("lengths", "kind"), [([3, 2, 4], "masked blocks"), ([300, 260], "causal rows")])
+def test_an_offline_packed_row_equals_the_block_causal_mask(tiny_model_dir, lengths, kind):
+    """--packing_samples in the offline trainers (`collate_packed`, `model_inputs(batch, model=...)`): short samples
+    go as one block under the block-diagonal mask, long ones as causal rows (the cost estimate); logits and every
+    gradient equal the dense block-causal mask's (float64)."""
+    from rlhfkit.data.collate import collate_packed, model_inputs
+    from rlhfkit.models.packed_attention import sample_blocks
+
+    assert sample_blocks(lengths).kind == kind
+    g = torch.Generator().manual_seed(1)
+    batch = collate_packed([{"input_ids": torch.randint(3, 60, (n,), generator=g).tolist()} for n in lengths])
+    weights = torch.randn(1, sum(lengths), 1, dtype=torch.float64, generator=g)
+    results = []
+    for blocks in (False, True):
+        model = load_causal_lm(tiny_model_dir, attn_implementation="sdpa").double()
+        if blocks:
+            use_packed_attention(model)
+        inputs = model_inputs(batch, model=model, explicit_mask=not blocks, dtype=torch.float64)
+        assert ("packed_attention" in inputs) == blocks
+        logits = model(**inputs).logits
+        (logits.log_softmax(-1)[..., :8] * weights).sum().backward()
+        results.append((logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (dense, g_dense), (got, g_got) = results
+    torch.testing.assert_close(got, dense, rtol=0, atol=1e-12)
+    assert g_got.keys() == g_dense.keys() and len(g_dense) > 10
+    for name, expected in g_dense.items():
+        torch.testing.assert_close(g_got[name], expected, rtol=1e-10, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
