@@ -61,3 +61,18 @@ def test_only_the_vision_strategy_hands_the_model_the_rows_images():
     assert vision.model_inputs(mb)["pixel_values"].shape == (2, 1, 3, 4, 4)
     assert vision.model_inputs({}) == {}
     assert PaddedForward(1.0, None, torch.float32).model_inputs(mb) == {}
+
+
+@pytest.mark.parametrize(("strategy", "switched"), [
+    (PackedForward, True), (PaddedForward, False), (RingPackedForward, False), (RingPaddedForward, False),
+])
+def test_only_the_packed_strategy_switches_the_model_to_block_attention(tiny_model_dir, strategy, switched):
+    """`prepare` runs once on the freshly loaded model: the packed strategy moves an SDPA model to
+    `rlhfkit_packed_sdpa` (models/packed_attention.py); the ring strategies leave the attention to the ring."""
+    from rlhfkit.models.loading import load_causal_lm
+    from rlhfkit.models.packed_attention import uses_packed_attention
+
+    model = load_causal_lm(tiny_model_dir, attn_implementation="sdpa")
+    extra = {"ring": RING} if strategy in (RingPackedForward, RingPaddedForward) else {}
+    strategy(1.0, None, torch.float32, **extra).prepare(model)
+    assert uses_packed_attention(model) is switched
