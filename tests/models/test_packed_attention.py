@@ -165,3 +165,24 @@ def test_an_offline_packed_row_equals_the_block_causal_mask(tiny_model_dir, leng
     assert g_got.keys() == g_dense.keys() and len(g_dense) > 10
     for name, expected in g_dense.items():
         torch.testing.assert_close(g_got[name], expected, rtol=1e-10, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_gradient_checkpointing_carries_the_layout_to_the_recomputed_forward(tiny_model_dir, use_reentrant):
+    """--gradient_checkpointing recomputes each layer in backward: the layout keyword must reach the recomputation,
+    so log-probs and gradients equal the run without checkpointing (float64, exactly: the same operations)."""
+    packed = pack_rows([[5, 6, 7]] * 2 + [[9, 10]], [[8, 9, 11], [10], [12, 13]], 3)
+    results = []
+    for checkpointing in (False, True):
+        model = load_causal_lm(tiny_model_dir, attn_implementation="sdpa").double()
+        assert use_packed_attention(model)
+        model.train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
+            model.config.use_cache = False
+        log_probs, _ = packed_response_log_probs(model, packed, 1.0, mask_dtype=torch.float64)
+        log_probs.sum().backward()
+        results.append((log_probs.detach(), [p.grad for p in model.parameters()]))
+    (plain, g_plain), (ckpt, g_ckpt) = results
+    assert torch.equal(plain, ckpt) and plain.abs().sum() > 1
+    assert all(a is not None and torch.equal(a, b) for a, b in zip(g_plain, g_ckpt))
