@@ -18,7 +18,7 @@ Here the same attention is computed block by block, in one SDPA call per layer:
 
 Either way every query sees exactly the keys it saw under the dense mask, so the outputs and gradients equal the
 dense-mask attention's up to float summation order (tests/models/test_packed_attention.py, float64). Which of the
-two a row uses is a cost estimate from the block sizes (`choose_blocks`), never a measurement: same input, same
+two a row uses is a cost estimate from the block sizes (`cheaper_layout`), never a measurement: same input, same
 choice, same numbers.
 
 The layout travels to the attention function as the model call's ``packed_attention`` keyword (transformers passes a
@@ -120,21 +120,28 @@ def masked_blocks_cost(blocks: int, width: int) -> float:
     return BLOCK_OVERHEAD_NS + blocks * BLOCK_SCORE_NS * width * width
 
 
+def cheaper_layout(rows: Sequence[Sequence[int]], blocks: Sequence[Sequence[int]],
+                   allowed: Callable[[torch.Tensor], torch.Tensor], length: int) -> PackedAttention:
+    """The same attention as `causal_rows(rows, length)` or as `masked_blocks(blocks, allowed, length)`, whichever
+    `causal_rows_cost` / `masked_blocks_cost` rates cheaper from the sizes alone (only the chosen one is built)."""
+    if causal_rows_cost(len(rows), max(map(len, rows))) <= masked_blocks_cost(len(blocks), max(map(len, blocks))):
+        return causal_rows(rows, length)
+    return masked_blocks(blocks, allowed, length)
+
+
 def sample_blocks(lengths: Sequence[int]) -> PackedAttention:
     """The layout of a row of whole samples packed back to back (the offline trainers' --packing_samples,
     `rlhfkit.data.collate.collate_packed`): one causal row per sample, or the whole row as one block under its
-    block-diagonal causal mask, whichever `causal_rows_cost` / `masked_blocks_cost` rates cheaper."""
+    block-diagonal causal mask (`cheaper_layout`)."""
     starts = [sum(lengths[:i]) for i in range(len(lengths))]
     rows = [range(start, start + n) for start, n in zip(starts, lengths)]
     total = sum(lengths)
-    if causal_rows_cost(len(rows), max(lengths)) <= masked_blocks_cost(1, total):
-        return causal_rows(rows, total)
     sample_of = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
 
     def allowed(positions: torch.Tensor) -> torch.Tensor:
         owner = sample_of[positions]
         return (owner[:, None] == owner[None, :]) & torch.ones(len(owner), len(owner), dtype=torch.bool).tril()
-    return masked_blocks([range(total)], allowed, total)
+    return cheaper_layout(rows, [range(total)], allowed, total)
 
 
 def packed_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -25,14 +25,7 @@ import torch
 from rlhfkit.algorithms.entropy import entropy_from_logits
 from rlhfkit.models.fused_logprobs import pair_log_probs_and_entropy
 from rlhfkit.models.logprobs import SamplingTruncation, nucleus_log_norm, with_sampled_token
-from rlhfkit.models.packed_attention import (
-    PackedAttention,
-    causal_rows,
-    causal_rows_cost,
-    masked_blocks,
-    masked_blocks_cost,
-    uses_packed_attention,
-)
+from rlhfkit.models.packed_attention import PackedAttention, cheaper_layout, uses_packed_attention
 
 
 @dataclass
@@ -91,17 +84,14 @@ def allowed_keys(group: torch.Tensor, segment: torch.Tensor) -> torch.Tensor:
 
 def attention_blocks(prompt_positions: list[range], row_group: list[int], row_positions: list[range],
                      group: torch.Tensor, segment: torch.Tensor) -> PackedAttention:
-    """The cheaper (`rlhfkit.models.packed_attention` cost estimate) of two exact block layouts of a packed row:
-    causal rows (each sample's prompt + response) or masked blocks (each prompt group under its mask)."""
+    """The cheaper (`cheaper_layout`) of two exact block layouts of a packed row: causal rows (each sample's prompt +
+    response) or masked blocks (each prompt group under its mask)."""
     rows = [list(prompt_positions[g]) + list(r) for g, r in zip(row_group, row_positions)]
     groups = [list(p) for p in prompt_positions]
     for g, r in zip(row_group, row_positions):
         groups[g] += list(r)
-    length = len(group)
-    if causal_rows_cost(len(rows), max(map(len, rows))) <= masked_blocks_cost(len(groups), max(map(len, groups))):
-        return causal_rows(rows, length)
-    return masked_blocks([sorted(g) for g in groups],
-                         lambda positions: allowed_keys(group[positions], segment[positions]), length)
+    return cheaper_layout(rows, [sorted(g) for g in groups],
+                          lambda positions: allowed_keys(group[positions], segment[positions]), len(group))
 
 
 def pack_rollout(sequences: torch.Tensor, attention_mask: torch.Tensor, response_width: int) -> PackedRollout:
