@@ -3,6 +3,11 @@ three ways: the dense ``[L, L]`` mask (what packed rows used before), causal row
 (`rlhfkit.models.packed_attention`); and which of the two block layouts the cost estimate picks.
 
     .venv/bin/python benchmarks/packed_attention.py [--reps 5]
+    .venv/bin/python benchmarks/packed_attention.py --widths   # bf16 blocks attended in bf16 or in fp32
+
+`--widths`: one SDPA call over N blocks of W tokens (causal, or under a [W, W] mask), bf16 inputs, forward + backward,
+attended by the kernel in bf16 or upcast to fp32 (cast included), alternating; writes packed_attention_widths.json.
+It calibrates `FP32_ATTENTION_MAX_WIDTH` (below it the CPU kernel is faster in fp32).
 
 Shapes: micro-batches of the workloads that pack (the demo's one prompt x 8 samples, GRPO's forced-256/512 micro-
 batches of 2 prompts x 4 samples, a long prompt shared by short answers, an offline SFT row of 8 x 128). Per shape:
@@ -102,12 +107,48 @@ def measure(allowed: torch.Tensor, block_layouts: dict[str, PackedAttention], re
     return ms
 
 
+WIDTHS = [(32, 53, True), (4, 144, False), (16, 96, True), (8, 160, False), (4, 256, False), (1, 300, False),
+          (1, 576, False), (8, 512, True), (1, 768, False), (4, 1054, True)]  # blocks, width, causal
+
+
+def width_sweep(reps: int) -> list[dict]:
+    """ms per forward + backward of one layer's SDPA over bf16 blocks, in bf16 and upcast to fp32."""
+    rows = []
+    for blocks, width, causal in WIDTHS:
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(blocks, HEADS, width, DIM, generator=g).bfloat16().requires_grad_()
+        kv = torch.randn(blocks, KV_HEADS, width, DIM, generator=g).bfloat16().requires_grad_()
+        masks = {"is_causal": True} if causal else {"attn_mask": torch.ones(blocks, 1, width, width,
+                                                                             dtype=torch.bool).tril()}
+
+        def run(dtype: torch.dtype, q: torch.Tensor = q, kv: torch.Tensor = kv, masks: dict = masks):
+            return lambda: F.scaled_dot_product_attention(q.to(dtype), kv.to(dtype), kv.to(dtype), enable_gqa=True,
+                                                          **masks).bfloat16().sum().backward()
+        times: dict[str, list[float]] = {"bf16": [], "fp32": []}
+        for _ in range(reps):
+            for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+                times[name].append(timed(run(dtype), 1) * 1e3)
+        ms = {k: round(statistics.median(v), 2) for k, v in times.items()}
+        rows.append({"blocks": blocks, "width": width, "causal": causal, "ms": ms,
+                     "fp32_over_bf16": round(ms["fp32"] / ms["bf16"], 2)})
+        print(f"{blocks:3d} x {width:5d} {'causal' if causal else 'masked'}  bf16 {ms['bf16']:7.2f} ms  "
+              f"fp32 {ms['fp32']:7.2f} ms  ({rows[-1]['fp32_over_bf16']:.2f}x)")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--widths", action="store_true", help="the bf16-or-fp32 sweep over block widths instead")
     args = parser.parse_args()
     record = machine_record()
     print(machine_line(record))
+    if args.widths:
+        RESULTS.mkdir(exist_ok=True)
+        sweep = width_sweep(args.reps)
+        (RESULTS / "packed_attention_widths.json").write_text(json.dumps({"machine": record, "rows": sweep},
+                                                                         indent=1))
+        return
     rows = []
     for name, prompts, samples, prompt_len, response_len in SHAPES:
         block_layouts, allowed, picked = layouts(prompts, samples, prompt_len, response_len)

@@ -144,6 +144,20 @@ def sample_blocks(lengths: Sequence[int]) -> PackedAttention:
     return cheaper_layout(rows, [range(total)], allowed, total)
 
 
+# Blocks at most this wide attend in float32 when the model computes in bf16/fp16 on a CPU. SDPA's CPU kernel is
+# slow on narrow half-precision blocks: forward + backward of one layer (9 query heads, 3 key heads, 64 dims; AMD EPYC
+# Zen 5, 2 threads; `benchmarks/packed_attention.py --widths`, casts included) took 21.1 ms in bf16 and 11.4 ms in
+# fp32 for 32 causal rows of 53 tokens, 8.7 and 4.8 ms for 4 masked blocks of 144; even at 256-576 tokens; fp32 1.2x
+# to 1.35x longer from 512 on. The upcast is also the more precise attention.
+FP32_ATTENTION_MAX_WIDTH = 256
+
+
+def attends_in_fp32(device: torch.device, dtype: torch.dtype, width: int) -> bool:
+    """Whether blocks of `width` tokens in `dtype` attend in float32 (`FP32_ATTENTION_MAX_WIDTH`): half precision on
+    a CPU only; CUDA's kernels are fast in half precision at every width."""
+    return device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) and width <= FP32_ATTENTION_MAX_WIDTH
+
+
 def packed_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                         packed_attention: PackedAttention | None = None, **kwargs: Any,
@@ -171,8 +185,11 @@ def packed_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch
     if grouped and layout.mask is not None and q.device.type == "cuda":  # CUDA's kernels take grouped heads unmasked
         k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
         grouped = False
+    dtype = q.dtype
+    if attends_in_fp32(q.device, dtype, width):
+        q, k, v = q.float(), k.float(), v.float()
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask, dropout_p=dropout, scale=scaling,
-                                         is_causal=layout.mask is None, enable_gqa=grouped)
+                                         is_causal=layout.mask is None, enable_gqa=grouped).to(dtype)
     heads, dim = out.shape[1], out.shape[3]
     rows = out.transpose(1, 2).reshape(blocks * width, heads, dim)         # [N * W, H, D]
     return rows.index_select(0, layout.source)[None], None                  # [1, L, H, D]

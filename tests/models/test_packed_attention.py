@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from rlhfkit.models.loading import load_causal_lm
 from rlhfkit.models.packed_attention import (
+    FP32_ATTENTION_MAX_WIDTH,
     PACKED_SDPA,
     PackedAttention,
     causal_rows,
@@ -64,6 +65,33 @@ def test_each_layout_equals_the_dense_mask_on_random_heads_with_grouped_keys():
         got = [out.detach(), *torch.autograd.grad((out * weights).sum(), (q, k, v))]
         for name, a, b in zip(("output", "dq", "dk", "dv"), got, expected):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=lambda m, n=name, kd=kind: f"{kd} {n}: {m}")
+
+
+@pytest.mark.parametrize("width", [FP32_ATTENTION_MAX_WIDTH, FP32_ATTENTION_MAX_WIDTH + 1])
+def test_narrow_bf16_blocks_attend_in_fp32_and_wide_ones_in_bf16(width):
+    """On a CPU a bf16 block of at most FP32_ATTENTION_MAX_WIDTH tokens is attended in float32 (the CPU kernel is
+    faster there) and its output rounded to bf16: bit for bit SDPA on the upcast inputs, and no further from the
+    float64 attention than the bf16 kernel; a wider block goes through the bf16 kernel, bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, width, 16, generator=g).bfloat16().requires_grad_() for h in (4, 2, 2))
+    layout = causal_rows([range(width)], width)  # one causal block: the packed row itself
+    out, _ = packed_sdpa_forward(torch.nn.Module(), q, k, v, None, packed_attention=layout)
+    assert out.dtype == torch.bfloat16
+    grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+
+    def sdpa(dtype: torch.dtype) -> list[torch.Tensor]:
+        ref = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), is_causal=True,
+                                             enable_gqa=True).to(q.dtype if dtype != torch.float64 else dtype)
+        ref = ref.transpose(1, 2)
+        return [ref.detach(), *torch.autograd.grad(ref.float().square().sum(), (q, k, v))]
+    narrow = width <= FP32_ATTENTION_MAX_WIDTH
+    expected = sdpa(torch.float32 if narrow else torch.bfloat16)
+    for name, a, b in zip(("output", "dq", "dk", "dv"), [out.detach(), *grads], expected):
+        assert torch.equal(a, b), f"{name}: not the {'fp32' if narrow else 'bf16'} kernel's result"
+    exact = sdpa(torch.float64)[0]
+    if narrow:
+        bf16_error = (sdpa(torch.bfloat16)[0].double() - exact).abs().mean()
+        assert (out.detach().double() - exact).abs().mean() <= bf16_error
 
 
 @pytest.mark.parametrize("kind", ["causal rows", "masked blocks", "chosen"])
