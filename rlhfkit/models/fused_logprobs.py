@@ -27,9 +27,11 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-# float32 elements per chunk: a few MiB on a CPU (stays in cache across the passes over a chunk), more on a GPU
-# (fewer kernel launches).
-_CHUNK_ELEMENTS = {"cpu": 1 << 20}
+# float32 elements per chunk: 2 MiB on a CPU (stays in cache across the passes over a chunk), more on a GPU (fewer
+# kernel launches). Forward + backward with the entropy over 388 rows of SmolLM2's 49,152 bf16 logits (AMD EPYC Zen 5,
+# 2 threads): 37 ms in chunks of 2 MiB, 55 ms in chunks of 4 MiB; 57-90 ms before the forward shared one exp between
+# the log-normaliser and the entropy.
+_CHUNK_ELEMENTS = {"cpu": 1 << 19}
 _CHUNK_ELEMENTS_DEFAULT = 1 << 24
 
 
@@ -43,15 +45,25 @@ def compute_dtype(logits: torch.Tensor) -> torch.dtype:
     return torch.promote_types(logits.dtype, torch.float32)
 
 
-def _tempered(logits: torch.Tensor, start: int, stop: int, temperature: float) -> torch.Tensor:
-    """``logits[start:stop] / temperature`` in the compute dtype (the same values as upcasting everything first)."""
-    chunk = logits[start:stop].to(compute_dtype(logits))
-    return chunk / temperature if temperature != 1.0 else chunk
+def _tempered(logits: torch.Tensor, start: int, stop: int, temperature: float, own: bool = False) -> torch.Tensor:
+    """``logits[start:stop] / temperature`` in the compute dtype (the same values as upcasting everything first);
+    `own`: in a tensor of its own, never a view of `logits` (the caller works on it in place)."""
+    chunk = logits[start:stop]
+    dtype = compute_dtype(logits)
+    if temperature != 1.0:
+        return chunk.to(dtype) / temperature
+    return chunk.to(dtype, copy=own)
+
+
+def _finite_(z: torch.Tensor) -> torch.Tensor:
+    """``z`` with ``-inf`` raised to the dtype's lowest finite value, in place: ``e * z`` for ``0 <= e <= 1`` is then 0
+    where a banned token has ``e = 0`` (not ``0 * -inf = nan``), and every finite logit is unchanged."""
+    return z.clamp_(min=torch.finfo(z.dtype).min)
 
 
 def _finite(z: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """``z`` with 0 where ``p == 0`` (so that ``p * z`` is 0, not nan, at ``-inf`` logits)."""
-    return torch.where(p > 0, z, torch.zeros((), dtype=z.dtype, device=z.device))
+    """``z`` with 0 where ``p == 0``, in place (a banned token's term is then 0 whatever it is multiplied by)."""
+    return torch.where(p > 0, z, torch.zeros((), dtype=z.dtype, device=z.device), out=z)
 
 
 class _LogProbsAndEntropy(torch.autograd.Function):
@@ -65,11 +77,16 @@ class _LogProbsAndEntropy(torch.autograd.Function):
         mean_z = torch.empty(num_rows, dtype=dtype, device=logits.device) if with_entropy else None
         for start in range(0, num_rows, chunk_rows):
             stop = min(start + chunk_rows, num_rows)
-            z = _tempered(logits, start, stop, temperature)
-            lse[start:stop] = torch.logsumexp(z, dim=-1)
-            if mean_z is not None:
-                p = torch.exp(z - lse[start:stop, None])
-                mean_z[start:stop] = (p * _finite(z, p)).sum(-1)
+            z = _tempered(logits, start, stop, temperature, own=mean_z is not None)
+            if mean_z is None:
+                lse[start:stop] = torch.logsumexp(z, dim=-1)
+                continue
+            # one exp for both: e = exp(z - max), lse = max + log sum e, S = sum e z / sum e
+            top = z.amax(-1, keepdim=True).clamp_(min=torch.finfo(dtype).min)  # a row of -inf stays finite here
+            e = (z - top).exp_()
+            total = e.sum(-1)
+            lse[start:stop] = top.squeeze(-1) + total.log()
+            mean_z[start:stop] = (e.mul_(_finite_(z))).sum(-1) / total
         picked = logits[rows, labels].to(dtype)
         if temperature != 1.0:
             picked = picked / temperature
@@ -104,17 +121,17 @@ class _LogProbsAndEntropy(torch.autograd.Function):
             bounds = torch.searchsorted(sorted_rows, torch.cat([starts, starts.new_tensor([num_rows])])).tolist()
         for k, start in enumerate(range(0, num_rows, chunk_rows)):
             stop = min(start + chunk_rows, num_rows)
-            z = _tempered(logits, start, stop, temperature)
-            p = torch.exp(z - lse[start:stop, None])
-            if grad_h is not None:
+            z = _tempered(logits, start, stop, temperature, own=grad_h is not None)
+            p = (z - lse[start:stop, None]).exp_()
+            if grad_h is not None:  # -(c_r + g_H_r (z - S_r)), built in z's own memory
                 assert mean_z is not None  # saved whenever the entropy is an output
-                scale = (_finite(z, p) - mean_z[start:stop, None]).mul_(grad_h[start:stop, None].to(dtype))
+                scale = _finite(z, p).sub_(mean_z[start:stop, None]).mul_(grad_h[start:stop, None].to(dtype).neg())
                 if coef is not None:
-                    scale.add_(coef[start:stop, None])
-                g = p.mul_(scale).neg_()
+                    scale.sub_(coef[start:stop, None])
+                g = p.mul_(scale)
             else:
                 assert coef is not None
-                g = p.mul_(coef[start:stop, None]).neg_()
+                g = p.mul_(coef[start:stop, None].neg())
             if coef is not None:
                 lo, hi = bounds[k], bounds[k + 1]
                 g.index_put_((sorted_rows[lo:hi] - start, sorted_labels[lo:hi]), sorted_grads[lo:hi], accumulate=True)

@@ -135,6 +135,8 @@ def test_banned_tokens_at_minus_infinity_are_left_out():
     assert _close(lp, ref_lp, 1e-5, 1e-6) and _close(h, ref_h, 1e-5, 1e-6)
     assert logits.grad is not None and bool(torch.isfinite(logits.grad).all())
     assert _close(logits.grad[:, :5], ref_grad, 1e-5, 1e-6) and torch.equal(logits.grad[:, 5:], torch.zeros(3, 3))
+    # the chunks are worked on in place: the caller's float32 logits are left as they were
+    assert torch.equal(logits.detach()[:, :5], finite[:, :5]) and bool((logits.detach()[:, 5:] == -torch.inf).all())
 
 
 def test_bad_pairs_and_temperature_are_refused():
