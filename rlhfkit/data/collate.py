@@ -104,10 +104,10 @@ def model_inputs(batch: dict[str, torch.Tensor], *, model: torch.nn.Module | Non
 
 def block_causal_mask(seq_lens: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``[1, 1, T, T]`` additive mask: 0 where query i may attend key j (same sample, j <= i), dtype-min elsewhere."""
-    sample_of = torch.repeat_interleave(torch.arange(len(seq_lens)), seq_lens.long())
-    total = len(sample_of)
-    allowed = (sample_of[:, None] == sample_of[None, :]) & torch.ones(total, total, dtype=torch.bool).tril()
-    mask = torch.zeros(total, total, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    from rlhfkit.models.packed_attention import same_sample_causal
+
+    allowed = same_sample_causal(torch.repeat_interleave(torch.arange(len(seq_lens)), seq_lens.long()))
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
 
 

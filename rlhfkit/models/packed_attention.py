@@ -129,6 +129,13 @@ def cheaper_layout(rows: Sequence[Sequence[int]], blocks: Sequence[Sequence[int]
     return masked_blocks(blocks, allowed, length)
 
 
+def same_sample_causal(owner: torch.Tensor) -> torch.Tensor:
+    """``[k, k]`` bool, True where query i may attend key j of a row of whole samples back to back: j <= i in the same
+    sample (`owner`: the sample of each position, ascending). Also the dense mask of such a row
+    (`rlhfkit.data.collate.block_causal_mask`)."""
+    return (owner[:, None] == owner[None, :]) & torch.ones(len(owner), len(owner), dtype=torch.bool).tril()
+
+
 def sample_blocks(lengths: Sequence[int]) -> PackedAttention:
     """The layout of a row of whole samples packed back to back (the offline trainers' --packing_samples,
     `rlhfkit.data.collate.collate_packed`): one causal row per sample, or the whole row as one block under its
@@ -137,11 +144,7 @@ def sample_blocks(lengths: Sequence[int]) -> PackedAttention:
     rows = [range(start, start + n) for start, n in zip(starts, lengths)]
     total = sum(lengths)
     sample_of = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-
-    def allowed(positions: torch.Tensor) -> torch.Tensor:
-        owner = sample_of[positions]
-        return (owner[:, None] == owner[None, :]) & torch.ones(len(owner), len(owner), dtype=torch.bool).tril()
-    return cheaper_layout(rows, [range(total)], allowed, total)
+    return cheaper_layout(rows, [range(total)], lambda positions: same_sample_causal(sample_of[positions]), total)
 
 
 # Blocks at most this wide attend in float32 when the model computes in bf16/fp16 on a CPU. SDPA's CPU kernel is
