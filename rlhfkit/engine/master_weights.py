@@ -7,8 +7,13 @@ so resume stays exact and updates far below the half precision's resolution stil
 
     backward:            each parameter's gradient (compute dtype) is added to its master's fp32 `.grad` as soon
                          as it is accumulated (a post-accumulate hook), so micro-batches sum in fp32
-    optimizer step:      on the masters (clip, AdamW, ...)
+    optimizer step:      on the masters (clip, AdamW, ...): `masters_with_grads()` first (a master no micro-batch
+                         reached has no gradient, as with set_to_none), `end_step()` after, instead of zero_grad
     sync_to_model():     param = round_to_dtype(master), after every step and every checkpoint load
+
+The masters' fp32 gradient buffers are allocated once and kept across steps: a step's first micro-batch copies into
+them, the next ones add. (Freed and allocated again every step, as zero_grad(set_to_none=True) does, each step
+page-faulted 540 MB of fresh memory for 135M weights: 0.17 s of a 1.4 s demo training stage, py-spy on the worker.)
 
 Rounding (`rounding`): "nearest" is what a cast does. "stochastic" (bf16 only) rounds each trainable weight up
 with probability equal to its distance to the lower bf16 neighbour over the spacing, so E[param] = master. Why it
@@ -100,21 +105,40 @@ class MasterWeights:
         self.masters = copy.deepcopy(model)  # fp32: the same names, the same ties
         cast_parameters(model, dtype)
         self.pairs = list(zip(model.parameters(), self.masters.parameters(), strict=True))
+        self.kept: dict[nn.Parameter, torch.Tensor] = {}  # each master's fp32 gradient buffer, once allocated
+        self.written: set[nn.Parameter] = set()  # the masters a micro-batch of this step has reached
         for param, master in self.pairs:
             if param.requires_grad:
                 param.register_post_accumulate_grad_hook(self._to_master(master))
 
-    @staticmethod
-    def _to_master(master: nn.Parameter) -> Any:
+    def _to_master(self, master: nn.Parameter) -> Any:
         def hook(param: torch.Tensor) -> None:
             if param.grad is None:
                 return
-            if master.grad is None:
-                master.grad = param.grad.float()
-            else:
+            if master in self.written:
+                assert master.grad is not None  # written this step
                 master.grad.add_(param.grad)
+            else:
+                buffer = self.kept.get(master)
+                if buffer is None:
+                    buffer = self.kept[master] = param.grad.float()
+                else:
+                    buffer.copy_(param.grad)
+                master.grad = buffer
+                self.written.add(master)
             param.grad = None
         return hook
+
+    def masters_with_grads(self) -> None:
+        """Before the optimizer step: a master that no micro-batch of this step reached has no gradient (its kept
+        buffer holds an earlier step's), so the optimizer skips it as it would after zero_grad(set_to_none=True)."""
+        for master in self.kept:
+            if master not in self.written:
+                master.grad = None
+
+    def end_step(self) -> None:
+        """After the optimizer step (in place of zero_grad): the next backward copies into the kept buffers."""
+        self.written.clear()
 
     @torch.no_grad()
     def sync_to_model(self, step: int, trainable_only: bool = True) -> None:

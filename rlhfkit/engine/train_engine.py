@@ -91,6 +91,8 @@ class TrainEngine:
         `grad_norm_after_clip`, and the size of the update over all parameters, `update_max_abs` (max |delta|) and
         `update_norm` (||delta||_2), global over the ranks."""
         weights = self.state_model
+        if self.master is not None:
+            self.master.masters_with_grads()
         params = [p for p in weights.parameters() if p.grad is not None]
         before = [_local(p).detach().clone() for p in weights.parameters()] if report is not None else None
         if self.settings.max_norm > 0:
@@ -113,7 +115,10 @@ class TrainEngine:
         if before is not None and report is not None:  # (before is set exactly when report is)
             report.update(_update_size(before, [_local(p).detach() for p in weights.parameters()]))
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.master is not None:
+            self.master.end_step()  # the masters keep their gradient buffers (rlhfkit.engine.master_weights)
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
         return value
 
 

@@ -26,6 +26,7 @@ from rlhfkit.rl.experience import sort_rows_by_length, sort_rows_by_prompt
 from rlhfkit.rl.packing import (
     PackedRollout,
     pack_rollout,
+    pack_rows,
     pack_scored_rows,
     packed_response_log_probs,
     packed_scalar_outputs,
@@ -87,10 +88,18 @@ class PaddedForward:
 
         return scalar_outputs(model, mb["sequences"], mb["attention_mask"])[0]
 
-    def probe_log_probs(self, model: torch.nn.Module, seq: torch.Tensor, mask: torch.Tensor,
-                        width: int) -> torch.Tensor:
-        """log softmax(logits)[token] at temperature 1, untruncated, of the last `width` tokens of the one row `seq`
-        [1, T]: what the engines' `score` computes (the weight-sync check)."""
+    def probe_log_probs(self, model: torch.nn.Module, prompts: list[list[int]], responses: list[list[int]],
+                        device: torch.device) -> list[list[float]]:
+        """log softmax(logits)[token] at temperature 1, untruncated, of each response token after its prompt: what the
+        engines' `score` computes (the weight-sync check, `rlhfkit.rl.sync_check`). Here one sequence at a time."""
+        scores = []
+        for prompt_ids, response_ids in zip(prompts, responses, strict=True):
+            seq = torch.tensor([list(prompt_ids) + list(response_ids)], device=device)
+            scores.append(self.probe_row(model, seq, torch.ones_like(seq), len(response_ids)).cpu().tolist())
+        return scores
+
+    def probe_row(self, model: torch.nn.Module, seq: torch.Tensor, mask: torch.Tensor, width: int) -> torch.Tensor:
+        """`probe_log_probs` of the last `width` tokens of the one row `seq` [1, T]."""
         logits = model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask),
                        logits_to_keep=width + 1).logits
         return log_probs_from_logits(logits[:, :-1].float(), seq[:, -width:])[0]
@@ -136,6 +145,14 @@ class PackedForward(PaddedForward):
         packed = pack_scored_rows(mb["sequences"], mb["attention_mask"], mb["prompt_lengths"])
         return packed_scalar_outputs(model, packed, mask_dtype=self.mask_dtype)[0]
 
+    def probe_log_probs(self, model: torch.nn.Module, prompts: list[list[int]], responses: list[list[int]],
+                        device: torch.device) -> list[list[float]]:
+        """Every probe sequence in one packed row (each prompt once): one forward instead of one per sequence."""
+        packed = pack_rows([list(p) for p in prompts], [list(r) for r in responses],
+                           max(1, max(map(len, responses))), device)
+        log_probs, _ = packed_response_log_probs(model, packed, 1.0, mask_dtype=self.mask_dtype)
+        return [row[:len(r)].cpu().tolist() for row, r in zip(log_probs, responses, strict=True)]
+
 
 @dataclass(frozen=True)
 class RingPaddedForward(PaddedForward):
@@ -152,8 +169,7 @@ class RingPaddedForward(PaddedForward):
                                        self.temperature, _group(self.ring), with_entropy, truncation=self.truncation,
                                        entropy_grad=entropy_grad)
 
-    def probe_log_probs(self, model: torch.nn.Module, seq: torch.Tensor, mask: torch.Tensor,
-                        width: int) -> torch.Tensor:
+    def probe_row(self, model: torch.nn.Module, seq: torch.Tensor, mask: torch.Tensor, width: int) -> torch.Tensor:
         return ring_response_log_probs(model, seq, mask, width, 1.0, _group(self.ring))[0][0]
 
 
@@ -174,8 +190,11 @@ class RingPackedForward(PackedForward):
         return ring_packed_log_probs(model, self.pack(mb), self.temperature, _group(self.ring), with_entropy,
                                      truncation=self.truncation, entropy_grad=entropy_grad)
 
-    def probe_log_probs(self, model: torch.nn.Module, seq: torch.Tensor, mask: torch.Tensor,
-                        width: int) -> torch.Tensor:
+    def probe_log_probs(self, model: torch.nn.Module, prompts: list[list[int]], responses: list[list[int]],
+                        device: torch.device) -> list[list[float]]:
+        return PaddedForward.probe_log_probs(self, model, prompts, responses, device)  # one split row at a time
+
+    def probe_row(self, model: torch.nn.Module, seq: torch.Tensor, mask: torch.Tensor, width: int) -> torch.Tensor:
         return ring_response_log_probs(model, seq, mask, width, 1.0, _group(self.ring))[0][0]
 
 

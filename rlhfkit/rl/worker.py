@@ -253,16 +253,11 @@ class ModelWorker:
     @torch.no_grad()
     def probe_log_probs(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
         """log softmax(logits)[token] at temperature 1 of each response token after its prompt, one sequence at a
-        time, as the engines' `score` computes it (the weight-sync check, `rlhfkit.rl.sync_check`); collective over
-        the group's ranks."""
+        time (packed: all in one row), as the engines' `score` computes it (the weight-sync check,
+        `rlhfkit.rl.sync_check`); collective over the group's ranks."""
         self.model.eval()
-        scores = []
         with self._frozen_on_device():
-            for prompt_ids, response_ids in zip(prompts, responses, strict=True):
-                seq = torch.tensor([list(prompt_ids) + list(response_ids)], device=self.dist.device)
-                mask = torch.ones_like(seq)
-                scores.append(self.forward.probe_log_probs(self.model, seq, mask, len(response_ids)).cpu().tolist())
-        return scores
+            return self.forward.probe_log_probs(self.model, prompts, responses, self.dist.device)
 
     @torch.no_grad()
     def rewards(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -255,3 +255,40 @@ def test_master_weights_rounding_flag_decides_how_the_engine_rounds(tiny_model_d
     assert ((compute - master).abs() <= master.abs() * 2.0 ** -7 + 1e-30).all()  # within one spacing: a neighbour
     err_sr, err_rn = (compute - master).mean().item(), (nearest - master).abs().mean().item()
     assert abs(err_sr) < 0.1 * err_rn  # unbiased on average; each error is about one rounding error in size
+
+
+def test_kept_gradient_buffers_carry_nothing_into_the_next_step(tiny_model_dir, gloo):
+    """The masters' fp32 gradient buffers live across steps: the next step's first micro-batch overwrites them (no
+    earlier gradient leaks in), a master that no micro-batch reaches has no gradient, so the optimizer leaves it
+    as it is (what zero_grad(set_to_none=True) gave), and the buffers are the same memory every step."""
+    from types import SimpleNamespace
+
+    from rlhfkit.engine.distributed import DistInfo
+    from rlhfkit.engine.train_engine import TrainEngine
+    from rlhfkit.models.loading import load_causal_lm
+
+    cfg = SimpleNamespace(gradient_checkpointing=False, zero_stage=2, param_dtype="bf16", adam_offload=False,
+                          aux_loss_coef=0.0, learning_rate=1e-3, adam_betas=[0.9, 0.95], l2=0.1, lr_warmup_ratio=0.0,
+                          lr_scheduler="constant", min_lr_ratio=0.0, max_norm=0.0, optim="adam", adam_eps=1e-8,
+                          muon_lr=0.02, muon_momentum=0.95, muon_ns_steps=5, muon_nesterov=True,
+                          master_weights_rounding="nearest", seed=7)
+    dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    e = TrainEngine(load_causal_lm(tiny_model_dir), cfg, dist, total_steps=10)
+    assert e.master is not None
+    ids = _batches(128)[0]
+    e.model(input_ids=ids, labels=ids).loss.backward()  # step 1: every weight gets a gradient
+    head, master_head = e.model.lm_head.weight, e.master.masters.lm_head.weight
+    buffer = master_head.grad.data_ptr()
+    e.optimizer_step()
+    before = {n: p.detach().clone() for n, p in e.master.masters.named_parameters()}
+    # step 2: only the lm_head's weight (tied or not) takes part: d/dw sum(w^2) = 2w
+    (head.float() ** 2).sum().backward()
+    assert torch.equal(master_head.grad, (2 * head.detach().float()).bfloat16().float())  # no step-1 gradient in it
+    assert master_head.grad.data_ptr() == buffer
+    e.optimizer_step()
+    names = {n for n, p in e.master.masters.named_parameters() if p is master_head}
+    for name, param in e.master.masters.named_parameters():
+        if name in names:
+            assert not torch.equal(param, before[name]), name
+        else:  # no gradient this step: untouched, weight decay included
+            assert torch.equal(param, before[name]), name

@@ -76,3 +76,24 @@ def test_only_the_packed_strategy_switches_the_model_to_block_attention(tiny_mod
     extra = {"ring": RING} if strategy in (RingPackedForward, RingPaddedForward) else {}
     strategy(1.0, None, torch.float32, **extra).prepare(model)
     assert uses_packed_attention(model) is switched
+
+
+def test_the_packed_probe_scores_every_sequence_as_the_padded_one_does(tiny_model_dir):
+    """The weight-sync probe (`probe_log_probs`): the packed strategy scores all sequences in one packed row (a
+    shared prompt once); each response token's log-prob equals the one-sequence-at-a-time padded forward's, with
+    sequences of different lengths and two that share a prompt. (A float64 model; the padded probe's log-softmax runs
+    in float32, hence the tolerance: a token that saw a wrong key moves by far more.)"""
+    from rlhfkit.models.loading import load_causal_lm
+
+    prompts = [[5, 6, 7, 8], [11, 12], [5, 6, 7, 8]]
+    responses = [[20, 21, 22], [23], [24, 25]]
+    scores = {}
+    for strategy in (PaddedForward(1.0, None, torch.float64), PackedForward(1.0, None, torch.float64)):
+        model = load_causal_lm(tiny_model_dir).double().eval()
+        strategy.prepare(model)
+        with torch.no_grad():
+            scores[strategy.name] = strategy.probe_log_probs(model, prompts, responses, torch.device("cpu"))
+    assert [len(s) for s in scores["packed"]] == [3, 1, 2]
+    for padded, packed in zip(scores["padded"], scores["packed"], strict=True):
+        assert all(x < 0 for x in padded)
+        torch.testing.assert_close(torch.tensor(packed), torch.tensor(padded), rtol=0, atol=1e-5)
