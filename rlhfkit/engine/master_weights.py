@@ -11,9 +11,11 @@ so resume stays exact and updates far below the half precision's resolution stil
                          reached has no gradient, as with set_to_none), `end_step()` after, instead of zero_grad
     sync_to_model():     param = round_to_dtype(master), after every step and every checkpoint load
 
-The masters' fp32 gradient buffers are allocated once and kept across steps: a step's first micro-batch copies into
-them, the next ones add. (Freed and allocated again every step, as zero_grad(set_to_none=True) does, each step
-page-faulted 540 MB of fresh memory for 135M weights: 0.17 s of a 1.4 s demo training stage, py-spy on the worker.)
+On a CPU the masters' fp32 gradient buffers are allocated once and kept across steps: a step's first micro-batch
+copies into them, the next ones add. (Freed and allocated again every step, as zero_grad(set_to_none=True) does, each
+step page-faulted 540 MB of fresh memory for 135M weights: 0.17 s of a 1.4 s demo training stage, py-spy on the
+worker.) On a GPU they are freed after each step as before: the caching allocator hands the memory back without
+that cost, and a colocated engine may need it between steps.
 
 Rounding (`rounding`): "nearest" is what a cast does. "stochastic" (bf16 only) rounds each trainable weight up
 with probability equal to its distance to the lower bf16 neighbour over the spacing, so E[param] = master. Why it
@@ -107,6 +109,7 @@ class MasterWeights:
         self.pairs = list(zip(model.parameters(), self.masters.parameters(), strict=True))
         self.kept: dict[nn.Parameter, torch.Tensor] = {}  # each master's fp32 gradient buffer, once allocated
         self.written: set[nn.Parameter] = set()  # the masters a micro-batch of this step has reached
+        self.keep_buffers = self.pairs[0][1].device.type == "cpu" if self.pairs else False
         for param, master in self.pairs:
             if param.requires_grad:
                 param.register_post_accumulate_grad_hook(self._to_master(master))
@@ -137,8 +140,13 @@ class MasterWeights:
                 master.grad = None
 
     def end_step(self) -> None:
-        """After the optimizer step (in place of zero_grad): the next backward copies into the kept buffers."""
+        """After the optimizer step (in place of zero_grad): on a CPU the next backward copies into the kept buffers;
+        elsewhere the gradients are freed (zero_grad(set_to_none=True))."""
         self.written.clear()
+        if not self.keep_buffers:
+            for master in self.kept:
+                master.grad = None
+            self.kept.clear()
 
     @torch.no_grad()
     def sync_to_model(self, step: int, trainable_only: bool = True) -> None:

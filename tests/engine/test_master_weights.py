@@ -292,3 +292,21 @@ def test_kept_gradient_buffers_carry_nothing_into_the_next_step(tiny_model_dir, 
             assert not torch.equal(param, before[name]), name
         else:  # no gradient this step: untouched, weight decay included
             assert torch.equal(param, before[name]), name
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_gradient_buffers_are_kept_only_where_asked(tiny_model_dir, keep):
+    """`keep_buffers` (a CPU's masters: True; elsewhere False): after `end_step` the masters' gradients stay allocated
+    for the next step, or are freed as zero_grad(set_to_none=True) frees them."""
+    from rlhfkit.models.loading import load_causal_lm
+
+    model = load_causal_lm(tiny_model_dir)
+    master = MasterWeights(model, torch.bfloat16)
+    assert master.keep_buffers  # a CPU model
+    master.keep_buffers = keep
+    ids = _batches(model.config.vocab_size)[0]
+    model(input_ids=ids, labels=ids).loss.backward()
+    master.masters_with_grads()
+    assert all(p.grad is not None for p in master.masters.parameters())
+    master.end_step()
+    assert all((p.grad is not None) == keep for p in master.masters.parameters())
