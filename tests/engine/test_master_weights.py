@@ -26,6 +26,23 @@ def _batches(vocab: int) -> list[torch.Tensor]:
     return [torch.randint(0, vocab, (4, 24), generator=g) for _ in range(2)]
 
 
+def _bf16_engine(model_dir, **flags):
+    """A TrainEngine in bf16 on one rank (so with master weights) over the tiny model; `flags` change the defaults."""
+    from types import SimpleNamespace
+
+    from rlhfkit.engine.distributed import DistInfo
+    from rlhfkit.engine.train_engine import TrainEngine
+    from rlhfkit.models.loading import load_causal_lm
+
+    cfg = SimpleNamespace(**{**dict(gradient_checkpointing=False, zero_stage=2, param_dtype="bf16", adam_offload=False,
+                                    aux_loss_coef=0.0, learning_rate=1e-3, adam_betas=[0.9, 0.95], l2=0.0,
+                                    lr_warmup_ratio=0.0, lr_scheduler="constant", min_lr_ratio=0.0, max_norm=1.0,
+                                    optim="adam", adam_eps=1e-8, muon_lr=0.02, muon_momentum=0.95, muon_ns_steps=5,
+                                    muon_nesterov=True, master_weights_rounding="stochastic", seed=7), **flags})
+    dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    return TrainEngine(load_causal_lm(model_dir), cfg, dist, total_steps=10)
+
+
 def _step(model, params, optimizer, batches, master=None, step=1) -> None:
     for ids in batches:  # two micro-batches: gradients summed before the step
         model(input_ids=ids, labels=ids).loss.backward()
@@ -184,23 +201,13 @@ def test_stochastic_rounding_hands_sub_resolution_updates_to_the_compute_copy(ti
 def test_a_bf16_train_engine_resumes_exactly_from_its_checkpoint(tiny_model_dir, tmp_path, gloo, rounding):
     """TrainEngine in bf16 on one rank keeps masters; the checkpoint holds the fp32 masters and the optimizer state
     by their names, so a resumed engine's next step is bit-identical to the uninterrupted one's."""
-    from types import SimpleNamespace
-
     from rlhfkit.engine.checkpoint import load_checkpoint, save_checkpoint
-    from rlhfkit.engine.distributed import DistInfo
     from rlhfkit.engine.train_engine import TrainEngine
-    from rlhfkit.models.loading import load_causal_lm
 
-    cfg = SimpleNamespace(gradient_checkpointing=False, zero_stage=2, param_dtype="bf16", adam_offload=False,
-                          aux_loss_coef=0.0, learning_rate=1e-3, adam_betas=[0.9, 0.95], l2=0.0, lr_warmup_ratio=0.0,
-                          lr_scheduler="constant", min_lr_ratio=0.0, max_norm=1.0, optim="adam", adam_eps=1e-8,
-                          muon_lr=0.02, muon_momentum=0.95, muon_ns_steps=5, muon_nesterov=True,
-                          master_weights_rounding=rounding, seed=7)
-    dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
     batches = _batches(128)
 
     def engine() -> TrainEngine:
-        return TrainEngine(load_causal_lm(tiny_model_dir), cfg, dist, total_steps=10)
+        return _bf16_engine(tiny_model_dir, master_weights_rounding=rounding)
 
     def step(e: TrainEngine, ids: torch.Tensor) -> None:
         e.model(input_ids=ids, labels=ids).loss.backward()
@@ -261,19 +268,7 @@ def test_kept_gradient_buffers_carry_nothing_into_the_next_step(tiny_model_dir, 
     """The masters' fp32 gradient buffers live across steps: the next step's first micro-batch overwrites them (no
     earlier gradient leaks in), a master that no micro-batch reaches has no gradient, so the optimizer leaves it
     as it is (what zero_grad(set_to_none=True) gave), and the buffers are the same memory every step."""
-    from types import SimpleNamespace
-
-    from rlhfkit.engine.distributed import DistInfo
-    from rlhfkit.engine.train_engine import TrainEngine
-    from rlhfkit.models.loading import load_causal_lm
-
-    cfg = SimpleNamespace(gradient_checkpointing=False, zero_stage=2, param_dtype="bf16", adam_offload=False,
-                          aux_loss_coef=0.0, learning_rate=1e-3, adam_betas=[0.9, 0.95], l2=0.1, lr_warmup_ratio=0.0,
-                          lr_scheduler="constant", min_lr_ratio=0.0, max_norm=0.0, optim="adam", adam_eps=1e-8,
-                          muon_lr=0.02, muon_momentum=0.95, muon_ns_steps=5, muon_nesterov=True,
-                          master_weights_rounding="nearest", seed=7)
-    dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
-    e = TrainEngine(load_causal_lm(tiny_model_dir), cfg, dist, total_steps=10)
+    e = _bf16_engine(tiny_model_dir, l2=0.1, max_norm=0.0, master_weights_rounding="nearest")
     assert e.master is not None
     ids = _batches(128)[0]
     e.model(input_ids=ids, labels=ids).loss.backward()  # step 1: every weight gets a gradient
