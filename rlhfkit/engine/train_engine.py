@@ -15,6 +15,7 @@ from rlhfkit.config.optim_options import SharedOptimFlags, optim_settings
 from rlhfkit.engine.distributed import DistInfo
 from rlhfkit.engine.ema import EMA
 from rlhfkit.engine.fsdp import compute_dtype, shard_model
+from rlhfkit.engine.host_memory import retain_freed_host_memory
 from rlhfkit.engine.master_weights import MasterWeights
 from rlhfkit.engine.optim import build_scheduler, make_optimizer
 from rlhfkit.models.context_parallel import ring_group, use_ring_attention
@@ -46,6 +47,8 @@ class TrainEngine:
         `learning_rate`: AdamW's peak lr (default --learning_rate); `ema_beta`: keep the weights' moving average."""
         self.dist = dist_info
         self.cfg = cfg
+        if torch.device(dist_info.device).type == "cpu":
+            retain_freed_host_memory()  # each step's tensors reuse the last step's memory (rlhfkit.engine.host_memory)
         if cfg.gradient_checkpointing:
             hf: Any = model  # a transformers model: these are its methods, not nn.Module's
             hf.gradient_checkpointing_enable(

@@ -29,6 +29,7 @@ from rlhfkit.engine.cpu_threads import set_cpu_threads
 from rlhfkit.engine.distributed import init_distributed
 from rlhfkit.engine.ema import resolved_ema_beta
 from rlhfkit.engine.fsdp import shard_model
+from rlhfkit.engine.host_memory import retain_freed_host_memory
 from rlhfkit.engine.train_engine import TrainEngine
 from rlhfkit.models.logprobs import SamplingTruncation
 from rlhfkit.models.positions import position_ids
@@ -95,6 +96,7 @@ class ModelWorker:
             nodes = plan.nodes(role)
             share = cpu_threads_share or max(1, world_size // max(1, nodes or 1))
             set_cpu_threads(cfg.torch_threads_per_worker or 0, share)
+            retain_freed_host_memory()  # each step's tensors reuse the last step's memory (engine/host_memory.py)
         self.role = role
         self.cfg = cfg
         self.plan = plan

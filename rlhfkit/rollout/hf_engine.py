@@ -35,6 +35,7 @@ class HFEngine:
 
             redirect_output(log_path)
         from rlhfkit.engine.cpu_threads import set_cpu_threads
+        from rlhfkit.engine.host_memory import retain_freed_host_memory
         from rlhfkit.models.loading import load_causal_lm
 
         if dtype not in _DTYPES:
@@ -42,6 +43,7 @@ class HFEngine:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if cpu_threads_share and self.device.type == "cpu":
             set_cpu_threads(0, cpu_threads_share)
+            retain_freed_host_memory()  # each step's tensors reuse the last step's memory (engine/host_memory.py)
         model = load_causal_lm(pretrain_path, dtype=_DTYPES[dtype])
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers types .to() for dtypes only
         self.eos_token_ids = _eos_ids(self.model)

@@ -114,8 +114,10 @@ class VLLMEngine:
 
         if not torch.cuda.is_available():  # before vLLM's CPU worker pins torch.set_num_threads to a no-op
             from rlhfkit.engine.cpu_threads import set_cpu_threads
+            from rlhfkit.engine.host_memory import retain_freed_host_memory
 
             set_cpu_threads(0, cpu_threads_share)
+            retain_freed_host_memory()  # each step's tensors reuse the last step's memory (engine/host_memory.py)
 
         # vLLM's CPU backend crashes on seeded requests whose prompt is prefilled in chunks ("CPU Generator does
         # not use offset" when it rewinds the generator): on CPU, prefill every prompt whole.
