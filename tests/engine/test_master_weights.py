@@ -9,7 +9,13 @@ import os
 import pytest
 import torch
 
-from rlhfkit.engine.master_weights import MasterWeights, RoundingScratch, cast_parameters, stochastic_round_to_bf16
+from rlhfkit.engine.master_weights import (
+    MasterWeights,
+    RandomBits,
+    RoundingScratch,
+    cast_parameters,
+    stochastic_round_to_bf16,
+)
 
 
 @pytest.fixture(scope="module")
@@ -140,12 +146,14 @@ def _bf16_neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return as_float(low), as_float(low + 65536)
 
 
+@pytest.mark.parametrize("source", ["numpy", "torch"])
 @pytest.mark.parametrize("chunk", [None, 4096])
-def test_stochastic_rounding_picks_a_neighbour_with_the_right_odds_float64(chunk):
-    """Every element, and each of the four 16-bit lanes a 64-bit draw is cut into (the fourth holds the draw's sign
-    bit), rounds up with the odds of its distance to the lower neighbour; with a 4096-element chunk the 20,003
-    elements take five chunks and a tail."""
-    g = torch.Generator().manual_seed(0)
+def test_stochastic_rounding_picks_a_neighbour_with_the_right_odds_float64(chunk, source):
+    """Every element, and each of the four 16-bit lanes a 64-bit draw is cut into (the fourth holds the draw's top
+    bits, the sign bit of torch's signed draws), rounds up with the odds of its distance to the lower neighbour; with
+    a 4096-element chunk the 20,003 elements take five chunks and a tail. Both sources of random bits: numpy's (a
+    CPU's default) and a torch generator (a GPU's, here on the CPU)."""
+    g = RandomBits([0], "cpu", source=source)
     n = 20003
     scratch = RoundingScratch("cpu", chunk) if chunk else None
     spots = torch.tensor([0.05, 0.7, 3.0, 1e-3, 123.0], dtype=torch.float32)
