@@ -1,6 +1,6 @@
 """One attention layer of a packed row (SmolLM2-135M's 9 query / 3 key-value heads of 64, bf16, forward + backward),
-three ways: the dense ``[L, L]`` mask (what packed rows used before), causal rows and masked blocks
-(`rlhfkit.models.packed_attention`); and which of the two block layouts the cost estimate picks.
+four ways: the dense ``[L, L]`` mask (what packed rows used before), causal rows, masked blocks and shared prompts
+(`rlhfkit.models.packed_attention`); and which of the block layouts the cost estimate picks.
 
     .venv/bin/python benchmarks/packed_attention.py [--reps 5]
     .venv/bin/python benchmarks/packed_attention.py --widths   # bf16 blocks attended in bf16 or in fp32
@@ -12,8 +12,9 @@ It calibrates `FP32_ATTENTION_MAX_WIDTH` (below it the CPU kernel is faster in f
 Shapes: micro-batches of the workloads that pack (the demo's one prompt x 8 samples, GRPO's forced-256/512 micro-
 batches of 2 prompts x 4 samples, a long prompt shared by short answers, an offline SFT row of 8 x 128). Per shape:
 the median of `--reps` timed runs after one warm-up, each layout alternating. Prints a table and writes
-benchmarks/results/packed_attention.json. The estimate's constants (`ROW_OVERHEAD_NS` ...) were fitted on these
-timings on an AMD EPYC Zen 5 (native bf16); on another machine the table says how far its picks are from the best.
+benchmarks/results/packed_attention.json. The estimate's constants (`CALL_NS`, `BLOCK_NS`, `*_SCORE_NS`) were
+fitted on these timings on an AMD EPYC Zen 5 (native bf16); on another machine the table says how far its picks are
+from the best.
 """
 
 from __future__ import annotations
@@ -28,20 +29,23 @@ import torch
 import torch.nn.functional as F
 from machine import machine_line, machine_record
 
+from rlhfkit.engine.host_memory import retain_freed_host_memory
 from rlhfkit.models.packed_attention import (
     PackedAttention,
     causal_rows,
     masked_blocks,
     packed_sdpa_forward,
     sample_blocks,
+    shared_prompts,
 )
-from rlhfkit.rl.packing import allowed_keys, pack_rows
+from rlhfkit.rl.packing import allowed_between, allowed_keys, pack_rows
 
 RESULTS = Path(__file__).parent / "results"
 HEADS, KV_HEADS, DIM = 9, 3, 64
 SHAPES = [  # name, prompts, samples per prompt, prompt length, response length (offline: samples x length)
     ("demo micro-batch (1 x 8, 45 + 24)", 1, 8, 45, 24),
     ("demo, 4 prompts per micro-batch", 4, 8, 45, 24),
+    ("demo step (4 x 8, 30 + 16)", 4, 8, 30, 16),
     ("forced-256 micro-batch (2 x 4, 60 + 256)", 2, 4, 60, 256),
     ("forced-512 micro-batch (2 x 4, 60 + 512)", 2, 4, 60, 512),
     ("long prompt, short answers (1 x 8, 1000 + 32)", 1, 8, 1000, 32),
@@ -63,16 +67,20 @@ def layouts(prompts: int, samples: int, prompt_len: int, response_len: int) -> t
     packed = pack_rows([[p + 1] * prompt_len for p in range(prompts) for _ in range(samples)],
                        [[7] * response_len] * (prompts * samples), response_len)
     group, segment = packed.group, packed.segment
-    rows, blocks = [], []
+    rows, blocks, prompt_rows, responses = [], [], [], []
     for g in range(prompts):
         members = (group == g).nonzero().flatten()
         blocks.append(members.tolist())
         prompt = members[segment[members] == -1].tolist()
-        rows += [prompt + (segment == r).nonzero().flatten().tolist()
-                 for r in sorted(set(segment[members].tolist()) - {-1})]
+        prompt_rows.append(prompt)
+        for r in sorted(set(segment[members].tolist()) - {-1}):
+            rows.append(prompt + (segment == r).nonzero().flatten().tolist())
+            responses.append((g, (segment == r).nonzero().flatten().tolist()))
     length = packed.num_tokens
     return ({"causal rows": causal_rows(rows, length),
-             "masked blocks": masked_blocks(blocks, lambda p: allowed_keys(group[p], segment[p]), length)},
+             "masked blocks": masked_blocks(blocks, lambda p: allowed_keys(group[p], segment[p]), length),
+             "shared prompts": shared_prompts(prompt_rows, responses,
+                                              lambda q, k: allowed_between(group, segment, q, k), length)},
             allowed_keys(group, segment), packed.blocks.kind)
 
 
@@ -141,6 +149,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--widths", action="store_true", help="the bf16-or-fp32 sweep over block widths instead")
     args = parser.parse_args()
+    retain_freed_host_memory()  # as rlhfkit's CPU processes run (rlhfkit.engine.host_memory)
     record = machine_record()
     print(machine_line(record))
     if args.widths:
@@ -158,9 +167,10 @@ def main() -> None:
         rows.append({"shape": name, "tokens": length, "ms": {k: round(t, 2) for k, t in ms.items()}, "picked": picked,
                      "picked_over_best": round(ms[picked] / best, 2), "dense_over_picked": round(ms["dense mask"] /
                                                                                                    ms[picked], 2)})
+        shared = f"{ms['shared prompts']:8.1f}" if "shared prompts" in ms else "       -"
         print(f"{name:48s} L={length:5d}  dense {ms['dense mask']:8.1f} ms  rows {ms['causal rows']:8.1f}  "
-              f"blocks {ms['masked blocks']:8.1f}  picked {picked} ({rows[-1]['picked_over_best']:.2f}x the best; "
-              f"dense {rows[-1]['dense_over_picked']:.2f}x it)")
+              f"blocks {ms['masked blocks']:8.1f}  shared {shared}  picked {picked} "
+              f"({rows[-1]['picked_over_best']:.2f}x the best; dense {rows[-1]['dense_over_picked']:.2f}x it)")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "packed_attention.json").write_text(json.dumps({"machine": record, "rows": rows}, indent=1))
 

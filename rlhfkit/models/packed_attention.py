@@ -15,11 +15,17 @@ Here the same attention is computed block by block, in one SDPA call per layer:
 - ``masked blocks`` (`masked_blocks`): block g is one prompt group (a prompt and all its responses) with the group's
   ``[W, W]`` boolean mask: the packed row's mask cut to the group. Cheaper than causal rows where a long prompt is
   shared by short responses (the rows would repeat its ``p^2`` self-attention).
+- ``shared prompts`` (`shared_prompts`): two calls. Each prompt as a causal row; then one block per response whose
+  queries are the response's tokens and whose keys are its prompt's and its own (``[r, p + r]`` under the mask cut
+  to them). It computes ``p^2 + n r (p + r)`` scores for a prompt with n responses of r tokens, fewer than causal
+  rows' ``n (p + r)^2`` and the group block's ``(p + n r)^2``: the demo's micro-batch (4 prompts x 8 samples, 30 +
+  16 tokens) attends in 3.9 ms per layer against 6.8 (masked blocks) and 7.4 (causal rows), forward + backward.
+  Causal rows still win for long responses (8 x 512), whose causal blocks skip the kernel's upper tiles.
 
-Either way every query sees exactly the keys it saw under the dense mask, so the outputs and gradients equal the
-dense-mask attention's up to float summation order (tests/models/test_packed_attention.py, float64). Which of the
-two a row uses is a cost estimate from the block sizes (`cheaper_layout`), never a measurement: same input, same
-choice, same numbers.
+Every layout shows each query exactly the keys it saw under the dense mask, so the outputs and gradients equal the
+dense-mask attention's up to float summation order (tests/models/test_packed_attention.py, float64). Which one a row
+uses is a cost estimate from the block sizes (`cheapest_layout`), never a measurement: same input, same choice, same
+numbers.
 
 The layout travels to the attention function as the model call's ``packed_attention`` keyword (transformers passes a
 decoder's extra keywords down to its attention, as it does flash attention's ``cu_seq_lens``); the model's attention
@@ -39,31 +45,52 @@ PACKED_SDPA = "rlhfkit_packed_sdpa"
 
 
 @dataclass(frozen=True)
-class PackedAttention:
-    """A packed row's attention as N blocks of width W.
+class AttentionBlocks:
+    """N blocks attended in one SDPA call.
 
-    index: [N, W] the packed position of each block token (padding repeats the block's first position);
-    mask: [N, 1, W, W] bool, True = attend (masked blocks), or None: causal within each block (causal rows);
-    source: [L] for each packed position, the flat block position (n * W + j) whose output it takes.
+    queries: [N, Wq] the packed position of each block query (padding repeats a real position; never read);
+    keys: [N, Wk] the packed positions of the block's keys and values, or None: the same as the queries;
+    mask: [N, 1, Wq, Wk] bool, True = attend, or None: causal within each block (then `keys` is None).
     """
 
-    index: torch.Tensor
+    queries: torch.Tensor
+    keys: torch.Tensor | None
     mask: torch.Tensor | None
-    source: torch.Tensor
 
     @property
-    def kind(self) -> str:
-        return "causal rows" if self.mask is None else "masked blocks"
+    def width(self) -> int:
+        return max(self.queries.shape[1], self.keys.shape[1] if self.keys is not None else 0)
+
+    def to(self, device: torch.device | str) -> AttentionBlocks:
+        return AttentionBlocks(self.queries.to(device), None if self.keys is None else self.keys.to(device),
+                               None if self.mask is None else self.mask.to(device))
+
+
+@dataclass(frozen=True)
+class PackedAttention:
+    """A packed row's attention as one or two sets of blocks (`parts`), and where each position's output is:
+    source: [L] for each packed position, its row in the parts' outputs flattened ([N * Wq] per part) and concatenated
+    in order. `kind`: "causal rows", "masked blocks" or "shared prompts" (module docstring)."""
+
+    parts: tuple[AttentionBlocks, ...]
+    source: torch.Tensor
+    kind: str
 
     def to(self, device: torch.device | str) -> PackedAttention:
-        return PackedAttention(self.index.to(device), None if self.mask is None else self.mask.to(device),
-                               self.source.to(device))
+        return PackedAttention(tuple(part.to(device) for part in self.parts), self.source.to(device), self.kind)
 
 
 def causal_rows(rows: Sequence[Sequence[int]], length: int) -> PackedAttention:
     """One block per row of packed positions in causal order (a sample's prompt, then its response), attended
     causally. Every position 0..length-1 must be in some row; a position in several rows (a shared prompt: it sees
     the same keys in each) takes its output from the first."""
+    blocks, source = _causal_rows(rows, length)
+    _check_covered(source)
+    return PackedAttention((blocks,), source, "causal rows")
+
+
+def _causal_rows(rows: Sequence[Sequence[int]], length: int) -> tuple[AttentionBlocks, torch.Tensor]:
+    """`causal_rows`' blocks, and its source with -1 where no row holds a position."""
     width = max(len(r) for r in rows)
     index = torch.zeros(len(rows), width, dtype=torch.long)
     source = torch.full((length,), -1, dtype=torch.long)
@@ -73,8 +100,7 @@ def causal_rows(rows: Sequence[Sequence[int]], length: int) -> PackedAttention:
         index[n, len(row):] = positions[0]
         unset = source[positions] < 0
         source[positions[unset]] = n * width + torch.arange(len(row))[unset]
-    _check_covered(source)
-    return PackedAttention(index=index, mask=None, source=source)
+    return AttentionBlocks(index, None, None), source
 
 
 def masked_blocks(blocks: Sequence[Sequence[int]], allowed: Callable[[torch.Tensor], torch.Tensor],
@@ -96,7 +122,40 @@ def masked_blocks(blocks: Sequence[Sequence[int]], allowed: Callable[[torch.Tens
             raise ValueError("masked_blocks: a packed position is in two blocks")
         source[positions] = n * width + torch.arange(k)
     _check_covered(source)
-    return PackedAttention(index=index, mask=mask[:, None], source=source)
+    return PackedAttention((AttentionBlocks(index, None, mask[:, None]),), source, "masked blocks")
+
+
+def shared_prompts(prompts: Sequence[Sequence[int]], responses: Sequence[tuple[int, Sequence[int]]],
+                   allowed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], length: int) -> PackedAttention:
+    """Two sets of blocks: each prompt as a causal row (its own queries and keys), and each non-empty response as a
+    block whose queries are the response's tokens and whose keys are its prompt's tokens then its own, under
+    `allowed(query_positions, key_positions)` ([q, k] bool, True = query i may attend key j: the packed row's mask
+    cut to those). `responses`: (index of its prompt in `prompts`, packed positions). Each of 0..length-1 must be in
+    exactly one prompt or response. A padding query attends to the block's first key only (finite, never read)."""
+    prompt_part, source = _causal_rows(prompts, length)
+    offset = prompt_part.queries.numel()
+    filled = [(g, list(r)) for g, r in responses if len(r)]
+    if filled:
+        q_width = max(len(r) for _, r in filled)
+        k_width = max(len(prompts[g]) + len(r) for g, r in filled)
+        queries = torch.zeros(len(filled), q_width, dtype=torch.long)
+        keys = torch.zeros(len(filled), k_width, dtype=torch.long)
+        mask = torch.zeros(len(filled), q_width, k_width, dtype=torch.bool)
+        mask[:, :, 0] = True  # padding queries: the first key
+        for n, (g, response) in enumerate(filled):
+            q_pos = torch.tensor(response, dtype=torch.long)
+            k_pos = torch.tensor(list(prompts[g]) + response, dtype=torch.long)
+            queries[n, :len(q_pos)], queries[n, len(q_pos):] = q_pos, q_pos[0]
+            keys[n, :len(k_pos)], keys[n, len(k_pos):] = k_pos, k_pos[0]
+            mask[n, :len(q_pos)] = False
+            mask[n, :len(q_pos), :len(k_pos)] = allowed(q_pos, k_pos)
+            if bool((source[q_pos] >= 0).any()):
+                raise ValueError("shared_prompts: a packed position is in two blocks")
+            source[q_pos] = offset + n * q_width + torch.arange(len(q_pos))
+        _check_covered(source)
+        return PackedAttention((prompt_part, AttentionBlocks(queries, keys, mask[:, None])), source, "shared prompts")
+    _check_covered(source)
+    return PackedAttention((prompt_part,), source, "shared prompts")
 
 
 def _check_covered(source: torch.Tensor) -> None:
@@ -105,28 +164,49 @@ def _check_covered(source: torch.Tensor) -> None:
         raise ValueError(f"packed attention: positions {missing[:8].tolist()} are in no block")
 
 
-# Cost of one layer's attention forward + backward in SDPA, in ns, measured on AMD EPYC Zen 5 (2 threads, bf16;
-# benchmarks/packed_attention.py): per block call overhead and per computed score. A masked block computes all W^2
-# scores; a causal row about the same (the CPU kernel skips little of the upper triangle at these widths).
-ROW_OVERHEAD_NS, ROW_SCORE_NS = 0.9e6, 40.0
-BLOCK_OVERHEAD_NS, BLOCK_SCORE_NS = 1.6e6, 36.0
+# Cost of one layer's attention forward + backward in SDPA: per call, per block and per computed score, fitted to 18
+# timings (six packed shapes x three layouts; AMD EPYC Zen 5, 2 threads, bf16 inputs, narrow blocks in fp32, host
+# memory retained; benchmarks/packed_attention.py; least squares on relative error, then rounded): with these the
+# estimate picks the fastest layout in all six shapes, by a margin of 6% or more, each estimate within 30% of its
+# timing. A masked block computes all Wq x Wk scores; a causal one its lower triangle at the kernel's tiles of 512
+# keys (`causal_scores`).
+CALL_NS, BLOCK_NS, CAUSAL_SCORE_NS, MASKED_SCORE_NS = 0.29e6, 0.08e6, 45.0, 48.0
+KEY_TILE = 512
+
+
+def causal_scores(width: int) -> int:
+    """Scores a causal block of `width` tokens computes: each query against every key of the tiles of `KEY_TILE` keys
+    up to its own."""
+    return sum(min(KEY_TILE, width - start) * min(width, start + KEY_TILE) for start in range(0, width, KEY_TILE))
 
 
 def causal_rows_cost(rows: int, width: int) -> float:
-    return rows * (ROW_OVERHEAD_NS + ROW_SCORE_NS * width * width)
+    return CALL_NS + rows * (BLOCK_NS + CAUSAL_SCORE_NS * causal_scores(width))
 
 
 def masked_blocks_cost(blocks: int, width: int) -> float:
-    return BLOCK_OVERHEAD_NS + blocks * BLOCK_SCORE_NS * width * width
+    return CALL_NS + blocks * (BLOCK_NS + MASKED_SCORE_NS * width * width)
+
+
+def shared_prompts_cost(prompt_rows: int, prompt_width: int, responses: int, query_width: int,
+                        key_width: int) -> float:
+    """The prompts as causal rows, and one call over the responses' blocks (`shared_prompts`)."""
+    return causal_rows_cost(prompt_rows, prompt_width) + CALL_NS + \
+        responses * (BLOCK_NS + MASKED_SCORE_NS * query_width * key_width)
+
+
+def cheapest_layout(candidates: Sequence[tuple[float, Callable[[], PackedAttention]]]) -> PackedAttention:
+    """Build the candidate (estimated cost, builder) whose cost is lowest (the first on a tie); only it is built."""
+    return min(candidates, key=lambda candidate: candidate[0])[1]()
 
 
 def cheaper_layout(rows: Sequence[Sequence[int]], blocks: Sequence[Sequence[int]],
                    allowed: Callable[[torch.Tensor], torch.Tensor], length: int) -> PackedAttention:
     """The same attention as `causal_rows(rows, length)` or as `masked_blocks(blocks, allowed, length)`, whichever
     `causal_rows_cost` / `masked_blocks_cost` rates cheaper from the sizes alone (only the chosen one is built)."""
-    if causal_rows_cost(len(rows), max(map(len, rows))) <= masked_blocks_cost(len(blocks), max(map(len, blocks))):
-        return causal_rows(rows, length)
-    return masked_blocks(blocks, allowed, length)
+    return cheapest_layout([
+        (causal_rows_cost(len(rows), max(map(len, rows))), lambda: causal_rows(rows, length)),
+        (masked_blocks_cost(len(blocks), max(map(len, blocks))), lambda: masked_blocks(blocks, allowed, length))])
 
 
 def same_sample_causal(owner: torch.Tensor) -> torch.Tensor:
@@ -175,27 +255,31 @@ def packed_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch
                                       **kwargs)
     if query.shape[0] != 1:
         raise ValueError(f"packed attention takes one packed row, got a batch of {query.shape[0]}")
-    layout = packed_attention
-    blocks, width = layout.index.shape
-    flat = layout.index.reshape(-1)
+    outputs = [_attend_blocks(part, query, key, value, dropout, scaling) for part in packed_attention.parts]
+    rows = outputs[0] if len(outputs) == 1 else torch.cat(outputs)                # [sum N * Wq, H, D]
+    return rows.index_select(0, packed_attention.source)[None], None              # [1, L, H, D]
 
-    def gather(t: torch.Tensor) -> torch.Tensor:  # [1, h, L, D] -> [N, h, W, D]
+
+def _attend_blocks(blocks: AttentionBlocks, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   dropout: float, scaling: float | None) -> torch.Tensor:
+    """One SDPA call over `blocks` of a packed row's query [1, H, L, D] and key/value [1, H_kv, L, D]; the outputs
+    [N * Wq, H, D], block by block."""
+    def gather(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # [1, h, L, D] -> [N, h, W, D]
         h, d = t.shape[1], t.shape[3]
-        return t[0].index_select(1, flat).view(h, blocks, width, d).transpose(0, 1)
+        return t[0].index_select(1, index.reshape(-1)).view(h, *index.shape, d).transpose(0, 1)
 
-    q, k, v = gather(query), gather(key), gather(value)
+    keys = blocks.queries if blocks.keys is None else blocks.keys
+    q, k, v = gather(query, blocks.queries), gather(key, keys), gather(value, keys)
     grouped = q.shape[1] != k.shape[1]
-    if grouped and layout.mask is not None and q.device.type == "cuda":  # CUDA's kernels take grouped heads unmasked
+    if grouped and blocks.mask is not None and q.device.type == "cuda":  # CUDA's kernels take grouped heads unmasked
         k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
         grouped = False
     dtype = q.dtype
-    if attends_in_fp32(q.device, dtype, width):
+    if attends_in_fp32(q.device, dtype, blocks.width):
         q, k, v = q.float(), k.float(), v.float()
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask, dropout_p=dropout, scale=scaling,
-                                         is_causal=layout.mask is None, enable_gqa=grouped).to(dtype)
-    heads, dim = out.shape[1], out.shape[3]
-    rows = out.transpose(1, 2).reshape(blocks * width, heads, dim)         # [N * W, H, D]
-    return rows.index_select(0, layout.source)[None], None                  # [1, L, H, D]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=blocks.mask, dropout_p=dropout, scale=scaling,
+                                         is_causal=blocks.mask is None, enable_gqa=grouped).to(dtype)
+    return out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3])       # [N * Wq, H, D]
 
 
 def register_packed_attention() -> None:

@@ -25,7 +25,17 @@ import torch
 from rlhfkit.algorithms.entropy import entropy_from_logits
 from rlhfkit.models.fused_logprobs import pair_log_probs_and_entropy
 from rlhfkit.models.logprobs import SamplingTruncation, nucleus_log_norm, with_sampled_token
-from rlhfkit.models.packed_attention import PackedAttention, cheaper_layout, uses_packed_attention
+from rlhfkit.models.packed_attention import (
+    PackedAttention,
+    causal_rows,
+    causal_rows_cost,
+    cheapest_layout,
+    masked_blocks,
+    masked_blocks_cost,
+    shared_prompts,
+    shared_prompts_cost,
+    uses_packed_attention,
+)
 
 
 @dataclass
@@ -82,16 +92,37 @@ def allowed_keys(group: torch.Tensor, segment: torch.Tensor) -> torch.Tensor:
     return same_prompt & visible & causal
 
 
+def allowed_between(group: torch.Tensor, segment: torch.Tensor, queries: torch.Tensor,
+                    keys: torch.Tensor) -> torch.Tensor:
+    """[q, k] bool: `allowed_keys` for query positions `queries` and key positions `keys` (packed positions, any
+    order): the same prompt, key j at or before query i, and key j in the prompt or in the query's own response."""
+    same_prompt = group[queries][:, None] == group[keys][None, :]
+    visible = (segment[keys][None, :] == -1) | (segment[keys][None, :] == segment[queries][:, None])
+    return same_prompt & visible & (keys[None, :] <= queries[:, None])
+
+
 def attention_blocks(prompt_positions: list[range], row_group: list[int], row_positions: list[range],
                      group: torch.Tensor, segment: torch.Tensor) -> PackedAttention:
-    """The cheaper (`cheaper_layout`) of two exact block layouts of a packed row: causal rows (each sample's prompt +
-    response) or masked blocks (each prompt group under its mask)."""
+    """The cheapest (`cheapest_layout`, from the sizes alone) of three exact block layouts of a packed row: causal
+    rows (each sample's prompt + response), masked blocks (each prompt group under its mask), or shared prompts
+    (each prompt causally, each response against its prompt and itself)."""
     rows = [list(prompt_positions[g]) + list(r) for g, r in zip(row_group, row_positions)]
     groups = [list(p) for p in prompt_positions]
     for g, r in zip(row_group, row_positions):
         groups[g] += list(r)
-    return cheaper_layout(rows, [sorted(g) for g in groups],
-                          lambda positions: allowed_keys(group[positions], segment[positions]), len(group))
+    blocks = [sorted(g) for g in groups]
+    length = len(group)
+    responses = [(g, r) for g, r in zip(row_group, row_positions) if len(r)]
+    prompt_width = max(map(len, prompt_positions))
+    query_width = max((len(r) for _, r in responses), default=0)
+    key_width = max((len(prompt_positions[g]) + len(r) for g, r in responses), default=0)
+    return cheapest_layout([
+        (causal_rows_cost(len(rows), max(map(len, rows))), lambda: causal_rows(rows, length)),
+        (masked_blocks_cost(len(blocks), max(map(len, blocks))),
+         lambda: masked_blocks(blocks, lambda positions: allowed_keys(group[positions], segment[positions]), length)),
+        (shared_prompts_cost(len(prompt_positions), prompt_width, len(responses), query_width, key_width),
+         lambda: shared_prompts(prompt_positions, responses,
+                                lambda q, k: allowed_between(group, segment, q, k), length))])
 
 
 def pack_rollout(sequences: torch.Tensor, attention_mask: torch.Tensor, response_width: int) -> PackedRollout:
@@ -188,7 +219,8 @@ def packed_response_log_probs(model: torch.nn.Module, packed: PackedRollout, tem
     With an active `truncation` (--top_k / --top_p) it runs over the kept set of each position instead
     (`rlhfkit.models.logprobs.nucleus_log_norm`), which a sampled token outside it joins (`with_sampled_token`).
     """
-    logits = model(**packed.model_inputs(model, mask_dtype), logits_to_keep=packed.keep).logits[0]  # [K, V]
+    # squeeze, not [0]: select's backward would fill a zero [1, K, V] tensor and copy the gradient into it
+    logits = model(**packed.model_inputs(model, mask_dtype), logits_to_keep=packed.keep).logits.squeeze(0)  # [K, V]
     return kept_log_probs_and_entropy(logits, packed.pick, packed.labels, packed.valid, temperature,
                                       with_entropy=with_entropy, truncation=truncation, entropy_grad=entropy_grad)
 

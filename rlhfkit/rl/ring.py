@@ -127,7 +127,7 @@ def ring_packed_log_probs(model: torch.nn.Module, packed: PackedRollout, tempera
     inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids,
               "attention_mask": packed.attention_mask(torch.float32) == 0}
     logits, owned, index = _kept_logits(model, inputs, packed.keep, ring)
-    logits = logits[0]                                                           # [k, V]
+    logits = logits.squeeze(0)                                                   # [k, V] (no zero-filled grad)
     mine = owned[packed.pick] & packed.valid
     if logits.shape[0] == 0:
         logits = F.pad(logits, (0, 0, 0, 1))                                     # a zero row, read by no one

@@ -17,6 +17,7 @@ from rlhfkit.models.packed_attention import (
     causal_rows,
     masked_blocks,
     packed_sdpa_forward,
+    shared_prompts,
     use_packed_attention,
     uses_packed_attention,
 )
@@ -34,15 +35,22 @@ def layouts_of(packed: PackedRollout) -> dict[str, PackedAttention]:
     """Both block layouts of `packed`, built here from its group/segment tensors (independently of pack_rows)."""
     group, segment = packed.group, packed.segment
     length = len(group)
-    rows, blocks = [], []
+    rows, blocks, prompts, responses = [], [], [], []
     for g in range(int(group.max()) + 1):
         in_group = (group == g).nonzero().flatten()
         prompt = in_group[segment[in_group] == -1].tolist()
         blocks.append(in_group.tolist())
+        prompts.append(prompt)
         for r in sorted(set(segment[in_group].tolist()) - {-1}):
             rows.append(prompt + (segment == r).nonzero().flatten().tolist())
+            responses.append((g, (segment == r).nonzero().flatten().tolist()))
+
+    def between(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:  # the dense mask's rows q, columns k
+        return allowed_keys(group, segment)[q][:, k]
+
     return {"causal rows": causal_rows(rows, length),
-            "masked blocks": masked_blocks(blocks, lambda pos: allowed_keys(group[pos], segment[pos]), length)}
+            "masked blocks": masked_blocks(blocks, lambda pos: allowed_keys(group[pos], segment[pos]), length),
+            "shared prompts": shared_prompts(prompts, responses, between, length)}
 
 
 def test_each_layout_equals_the_dense_mask_on_random_heads_with_grouped_keys():
@@ -94,7 +102,7 @@ def test_narrow_bf16_blocks_attend_in_fp32_and_wide_ones_in_bf16(width):
         assert (out.detach().double() - exact).abs().mean() <= bf16_error
 
 
-@pytest.mark.parametrize("kind", ["causal rows", "masked blocks", "chosen"])
+@pytest.mark.parametrize("kind", ["causal rows", "masked blocks", "shared prompts", "chosen"])
 def test_a_packed_model_pass_equals_the_dense_mask_pass(tiny_model_dir, kind):
     """Through the tiny model in float64: log-probs, entropies and every parameter's gradient of the packed row
     with block attention equal the same row under the dense mask (the path tests/rl/test_packing.py ties to the
@@ -149,14 +157,22 @@ def test_a_model_on_another_attention_kernel_keeps_it_and_gets_the_dense_mask(ti
                                                                                  packed.num_tokens)
 
 
-def test_the_cost_estimate_picks_rows_for_long_responses_and_blocks_for_a_long_shared_prompt():
-    """GRPO with long answers (8 x 512 after a 60-token prompt): causal rows (the dense mask would compute 7x the
-    scores); a 1,000-token prompt shared by 8 answers of 32: the group under its mask (rows would repeat the prompt's
-    self-attention 8 times). The rule's constants are measured (benchmarks/packed_attention.py)."""
+def test_the_cost_estimate_picks_rows_for_long_responses_and_shared_prompts_otherwise():
+    """GRPO with long answers (8 x 512 after a 60-token prompt): causal rows (their causal blocks skip the kernel's
+    upper tiles; the dense mask would compute 7x the scores); a 1,000-token prompt shared by 8 answers of 32, and the
+    demo's micro-batch (4 prompts x 8 answers, 30 + 16): shared prompts (rows would repeat the prompt's
+    self-attention 8 times, the group's block computes every answer against every other). The rule's constants are
+    fitted to measurements (benchmarks/packed_attention.py), where these are the fastest layouts."""
     long_answers = pack_rows([[1] * 60] * 8, [[2] * 512] * 8, 512)
-    assert long_answers.blocks.kind == "causal rows" and tuple(long_answers.blocks.index.shape) == (8, 572)
+    assert long_answers.blocks.kind == "causal rows"
+    assert tuple(long_answers.blocks.parts[0].queries.shape) == (8, 572)
     long_prompt = pack_rows([[1] * 1000] * 8, [[2] * 32] * 8, 32)
-    assert long_prompt.blocks.kind == "masked blocks" and tuple(long_prompt.blocks.index.shape) == (1, 1256)
+    prompts, responses = long_prompt.blocks.parts
+    assert long_prompt.blocks.kind == "shared prompts"
+    assert tuple(prompts.queries.shape) == (1, 1000) and prompts.mask is None and prompts.keys is None
+    assert tuple(responses.queries.shape) == (8, 32) and tuple(responses.keys.shape) == (8, 1032)
+    demo = pack_rows([[p] * 30 for p in range(4) for _ in range(8)], [[7] * 16] * 32, 16)
+    assert demo.blocks.kind == "shared prompts"
 
 
 def test_a_layout_that_leaves_a_position_out_is_refused():
