@@ -205,3 +205,24 @@ def test_an_engine_computing_with_other_weights_stops_the_run_at_start(ray_clust
         assert 10 * FP32_BOUND < mean <= largest < 0.5, (mean, largest)
     finally:
         ray_cluster.kill(faulty)
+
+
+@pytest.mark.parametrize(("device", "order"), [("cpu", ["engines scored", "trainer scored"]),
+                                               ("cuda", ["trainer scored", "engines scored"])])
+def test_on_a_cpu_the_engines_score_before_the_trainer(monkeypatch, device, order):
+    """On a CPU the engines and the trainer share the cores, so the trainer scores the probe after the engines are
+    done; on GPUs while they score."""
+    events: list[str] = []
+    monkeypatch.setattr("rlhfkit.rollout.remote.wait_remote",
+                        lambda pending, **_: events.append("engines scored") or pending)
+    prompts = [{"prompt_ids": list(range(100 * k, 100 * k + 60))} for k in range(1, 7)]
+    cfg = SimpleNamespace(prompt_max_len=20, generate_max_len=4, sync_logprob_tolerance=None, param_dtype="bf16",
+                          vllm_dtype="bf16", seed=7, max_len=0)
+    plan = SimpleNamespace(trainer_dtype="bf16", engine_dtype="bf16", precision=SimpleNamespace(device=device))
+    probe = SyncCheck.from_run(prompts, cfg, plan)
+    probe.responses = [[1, 2, 3, 4]] * 4
+    scores = _Scores([[-1.0] * 4] * 4)
+    trainer_call = scores.call
+    scores.call = lambda *a: events.append("trainer scored") or trainer_call(*a)
+    probe.check(scores, [scores], "start")
+    assert events == order
