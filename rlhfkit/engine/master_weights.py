@@ -112,9 +112,9 @@ def stochastic_round_to_bf16(x: torch.Tensor, bits: RandomBits, out: torch.Tenso
     (returned); `scratch`: buffers to reuse.
 
     Cost: the random bits are most of it; the work runs a chunk of `scratch.chunk` elements at a time, so its three
-    passes (the words, their sum with the bit patterns, the high halves) stay in cache. 135M weights: 0.08 s, against
-    0.13 s with torch's CPU generator and five passes, 0.31 s with one 16-bit draw per element over whole tensors,
-    0.02 s for a plain cast (AMD EPYC Zen 5, 2 threads; docs/engine.md)."""
+    passes (the words, their sum with the bit patterns, the high halves) stay in cache. 135M weights: 0.086-0.094 s,
+    against 0.12-0.15 s with torch's CPU generator and five passes, 0.31 s with one 16-bit draw per element over
+    whole tensors, 0.02 s for a plain cast (AMD EPYC Zen 5, 2 threads; docs/engine.md)."""
     pattern = x.detach().to(torch.float32).contiguous().view(-1).view(torch.int32)
     if out is None:
         out = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
