@@ -145,7 +145,8 @@ class SyncCheck:
         pending = [e.score.remote(self.prompts, self.responses) for e in engines]
         if self.one_at_a_time:
             scored = wait_remote(pending, role="engine", method="score", handles=engines)
-        trainer = actor.call(ModelWorker.probe_log_probs, self.prompts, self.responses)[0]
-        if not self.one_at_a_time:
+            trainer = actor.call(ModelWorker.probe_log_probs, self.prompts, self.responses)[0]
+        else:
+            trainer = actor.call(ModelWorker.probe_log_probs, self.prompts, self.responses)[0]
             scored = wait_remote(pending, role="engine", method="score", handles=engines)
         return self.compare(list(scored), trainer, when)
