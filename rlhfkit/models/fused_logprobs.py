@@ -52,10 +52,10 @@ class _ChunkBuffers:
     of 10, alternating): 72.5 ms with fresh temporaries, 60.3 ms with these under glibc's default malloc; 42 ms either
     way once `rlhfkit.engine.host_memory` keeps freed memory in the process (as rlhfkit's CPU processes do)."""
 
-    def __init__(self, logits: torch.Tensor, chunk_rows: int, count: int) -> None:
+    def __init__(self, logits: torch.Tensor, chunk_rows: int) -> None:
         rows = min(chunk_rows, logits.shape[0])
         shape = (rows, logits.shape[1])
-        self.floats = [torch.empty(shape, dtype=compute_dtype(logits), device=logits.device) for _ in range(count)]
+        self.floats = [torch.empty(shape, dtype=compute_dtype(logits), device=logits.device) for _ in range(2)]
         self.mask = torch.empty(shape, dtype=torch.bool, device=logits.device)
 
     def tempered(self, logits: torch.Tensor, start: int, stop: int, temperature: float, own: bool) -> torch.Tensor:
@@ -93,7 +93,7 @@ class _LogProbsAndEntropy(torch.autograd.Function):
         num_rows, dtype = logits.shape[0], compute_dtype(logits)
         lse = torch.empty(num_rows, dtype=dtype, device=logits.device)
         mean_z = torch.empty(num_rows, dtype=dtype, device=logits.device) if with_entropy else None
-        buffers = _ChunkBuffers(logits, chunk_rows, 2)
+        buffers = _ChunkBuffers(logits, chunk_rows)
         for start in range(0, num_rows, chunk_rows):
             stop = min(start + chunk_rows, num_rows)
             z = buffers.tempered(logits, start, stop, temperature, own=mean_z is not None)
@@ -138,7 +138,7 @@ class _LogProbsAndEntropy(torch.autograd.Function):
             sorted_rows, sorted_labels, sorted_grads = rows[order], labels[order], grad_lp[order]
             starts = torch.arange(0, num_rows, chunk_rows, device=rows.device)
             bounds = torch.searchsorted(sorted_rows, torch.cat([starts, starts.new_tensor([num_rows])])).tolist()
-        buffers = _ChunkBuffers(logits, chunk_rows, 2)
+        buffers = _ChunkBuffers(logits, chunk_rows)
         for k, start in enumerate(range(0, num_rows, chunk_rows)):
             stop = min(start + chunk_rows, num_rows)
             z = buffers.tempered(logits, start, stop, temperature, own=grad_h is not None)
