@@ -146,16 +146,17 @@ def _bf16_neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return as_float(low), as_float(low + 65536)
 
 
-@pytest.mark.parametrize("source", ["numpy", "torch"])
+@pytest.mark.parametrize("source", ["counter", "torch"])
 @pytest.mark.parametrize("chunk", [None, 4096])
 def test_stochastic_rounding_picks_a_neighbour_with_the_right_odds_float64(chunk, source):
-    """Every element, and each of the four 16-bit lanes a 64-bit draw is cut into (the fourth holds the draw's top
-    bits, the sign bit of torch's signed draws), rounds up with the odds of its distance to the lower neighbour; with
-    a 4096-element chunk the 20,003 elements take five chunks and a tail. Both sources of random bits: numpy's (a
-    CPU's default) and a torch generator (a GPU's, here on the CPU)."""
+    """Every element, and each of the four 16-bit lanes a torch draw of 64 bits is cut into (the fourth holds the
+    draw's top bits, the sign bit of torch's signed draws), rounds up with the odds of its distance to the lower
+    neighbour; with a 4096-element chunk the 20,003 elements take five chunks and a tail (torch), and three threads
+    (counter). Both sources of random bits: the counter kernel (a CPU's default) and a torch generator (a GPU's,
+    here on the CPU)."""
     g = RandomBits([0], "cpu", source=source)
     n = 20003
-    scratch = RoundingScratch("cpu", chunk) if chunk else None
+    scratch = RoundingScratch("cpu", chunk, threads=3) if chunk else None
     spots = torch.tensor([0.05, 0.7, 3.0, 1e-3, 123.0], dtype=torch.float32)
     for sign in (1.0, -1.0):
         for base in spots:
@@ -173,6 +174,32 @@ def test_stochastic_rounding_picks_a_neighbour_with_the_right_odds_float64(chunk
                                                                                           lane)
     representable = torch.tensor([0.5, -0.75, 1.0, 0.0], dtype=torch.float32)
     assert torch.equal(stochastic_round_to_bf16(representable, g), representable.to(torch.bfloat16))
+
+
+def _splitmix64_word(key: int, position: int) -> int:
+    """The top 16 bits of SplitMix64's output for the state key + position x 0x9E3779B97F4A7C15, in Python ints."""
+    mask = (1 << 64) - 1
+    z = (key + position * 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return (z ^ (z >> 31)) >> 48
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_the_counter_source_is_splitmix64_and_one_stream_across_calls_and_threads(threads):
+    """Word p of the counter stream is SplitMix64's top 16 bits at state key + p x golden (computed here in Python
+    ints), whatever the thread split; a second call continues the stream where the first stopped. Checked on the
+    bits: rounding fp32 patterns whose low 16 bits are 0x8000 rounds up exactly where the word is >= 0x8000."""
+    n, first = 70001, 1234  # above the size rounded in parallel parts
+    x = (((torch.arange(n, dtype=torch.int32) % 200) << 16) + 0x3F008000).view(torch.float32)  # halfway patterns
+    bits = RandomBits([5, 9], "cpu", source="counter")
+    scratch = RoundingScratch("cpu", threads=threads)
+    head = stochastic_round_to_bf16(x[:first], bits, scratch=scratch)
+    tail = stochastic_round_to_bf16(x[first:], bits, scratch=scratch)
+    up = torch.cat([head, tail]).view(torch.int16).to(torch.int32) & 0xFFFF != (x.view(torch.int32) >> 16) & 0xFFFF
+    for p in list(range(0, 40)) + list(range(first - 5, first + 5)) + list(range(n - 40, n)) + list(range(0, n, 997)):
+        assert bool(up[p]) == (_splitmix64_word(bits.key, p) >= 0x8000), p
+    assert bits.position == n
 
 
 def test_stochastic_rounding_hands_sub_resolution_updates_to_the_compute_copy(tiny_model_dir):
