@@ -16,6 +16,10 @@ the next allocation reuses it. The cost is that the process's resident memory st
 shrinking between steps, and the peak grows a little (above: +1.3%). Only glibc has `mallopt`; elsewhere (macOS,
 musl) this does nothing. CUDA memory has its own caching allocator, so only the processes that compute on the host
 call this: TrainEngine on a CPU device, the CPU model workers, the CPU vLLM and HF engines.
+
+glibc's own settings win: where the environment sets either threshold (`MALLOC_MMAP_THRESHOLD_`,
+`MALLOC_TRIM_THRESHOLD_`, or `glibc.malloc.mmap_threshold` / `trim_threshold` in `GLIBC_TUNABLES`), nothing is changed;
+e.g. `MALLOC_TRIM_THRESHOLD_=134217728` in a process that builds a TrainEngine keeps glibc's behaviour there.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 import sys
+from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +39,21 @@ MMAP_THRESHOLD = 1 << 30  # allocations up to 1 GiB come from the heap (glibc ma
 TRIM_THRESHOLD = (1 << 31) - 1  # the largest int: the heap's free top is never given back
 
 _applied: bool | None = None
+USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")  # glibc's environment variables for them
+USER_TUNABLES = ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold")
+
+
+def user_malloc_settings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The thresholds the environment sets for glibc's malloc (names of the variables or tunables), if any."""
+    env = os.environ if environ is None else environ
+    tunables = env.get("GLIBC_TUNABLES", "")
+    return [name for name in USER_SETTINGS if name in env] + [name for name in USER_TUNABLES if name in tunables]
 
 
 def retain_freed_host_memory() -> bool:
     """Tune this process's glibc malloc so that freed memory is reused instead of returned to the OS (module
-    docstring); once per process. Returns whether it applies (False where the C library is not glibc)."""
+    docstring); once per process. Returns whether it applies (False where the C library is not glibc, and where the
+    environment sets the thresholds itself)."""
     global _applied
     if _applied is None:
         _applied = _mallopt()
@@ -46,6 +62,10 @@ def retain_freed_host_memory() -> bool:
 
 def _mallopt() -> bool:
     if not sys.platform.startswith("linux"):
+        return False
+    chosen = user_malloc_settings()
+    if chosen:
+        log.info("glibc's malloc thresholds come from the environment (%s): left as set", ", ".join(chosen))
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
