@@ -94,9 +94,9 @@ class RandomBits:
     `source` "counter" (the default on a CPU): word p of the stream is the top 16 bits of SplitMix64's output for the
     state `key + p * 0x9E3779B97F4A7C15` (`key` from the seed), computed where it is used, fused with the rounding
     into one pass over the weights (a numba kernel, every thread on its own part): no stored draws, and the words
-    do not depend on how the work is split. 135M weights in 0.02 s against 0.09 s for numpy's SFC64 draws added in
-    three passes (AMD EPYC Zen 5, 2 threads). "torch" (the default elsewhere): a torch generator on the device
-    (Philox on CUDA), four words from each 64-bit draw."""
+    do not depend on how the work is split. 135M weights in 0.032-0.037 s per optimizer step against 0.082-0.087 s
+    for numpy's SFC64 draws added in three passes (AMD EPYC Zen 5, 2 threads). "torch" (the default elsewhere): a
+    torch generator on the device (Philox on CUDA), four words from each 64-bit draw."""
 
     def __init__(self, seed: Sequence[int], device: torch.device | str, source: str | None = None) -> None:
         self.device = torch.device(device)
@@ -178,9 +178,10 @@ def stochastic_round_to_bf16(x: torch.Tensor, bits: RandomBits, out: torch.Tenso
     Unbiased: E[result] = x. Finite inputs only. `out`: a contiguous bf16 tensor of x's shape to write into
     (returned); `scratch`: what to reuse across calls (`RoundingScratch`).
 
-    Cost, 135M weights (AMD EPYC Zen 5, 2 threads; docs/engine.md): 0.02 s with the counter source (one fused pass),
-    against 0.086-0.094 s for numpy's SFC64 draws in three passes, 0.12-0.15 s for torch's CPU generator and five
-    passes, 0.31 s for one 16-bit draw per element over whole tensors; a plain cast is 0.016 s."""
+    Cost, 135M weights (AMD EPYC Zen 5, 2 threads; docs/engine.md): 0.032-0.037 s with the counter source (one fused
+    pass; the kernel alone 0.023 s on one thread), against 0.082-0.094 s for numpy's SFC64 draws in three passes,
+    0.12-0.15 s for torch's CPU generator and five passes, 0.31 s for one 16-bit draw per element over whole tensors;
+    a plain cast is 0.016 s."""
     pattern = x.detach().to(torch.float32).contiguous().view(-1).view(torch.int32)
     if out is None:
         out = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)

@@ -173,7 +173,7 @@ def takes_grad_scale(optimizer: torch.optim.Optimizer) -> bool:
 def clip_divisor(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
     """1 / clip_grad_norm_'s coefficient, min(1, max_norm / (norm + 1e-6)): the gradients divided by it are the
     clipped gradients. Clipping folded into the fused optimizer step this way saves clip_grad_norm_'s pass over every
-    gradient (135M fp32 gradients on a 2-core CPU: 0.02 s a step)."""
+    gradient (135M fp32 gradients, AMD EPYC Zen 5, 2 threads: the clip 0.034-0.041 -> 0.021 s a step)."""
     return (1.0 / torch.clamp(max_norm / (norm.float() + 1e-6), max=1.0)).float()
 
 
