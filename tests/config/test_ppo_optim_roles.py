@@ -74,7 +74,8 @@ def schedule_of(engine) -> list[list[float]]:
 
 
 def clipped_norm(engine) -> float:
-    """The global gradient norm the optimizer sees after optimizer_step's clipping (every gradient 1)."""
+    """The global norm of the gradients the optimizer's step applies after optimizer_step's clipping (every gradient
+    1): the gradients divided by the optimizer's grad_scale where the clip is folded into torch's fused AdamW."""
     params = list(engine.model.parameters())
     for p in params:
         p.grad = torch.ones_like(p)
@@ -82,7 +83,8 @@ def clipped_norm(engine) -> float:
     step = engine.optimizer.step
 
     def spy(*args, **kwargs):
-        seen["norm"] = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)).item()
+        divisor = float(getattr(engine.optimizer, "grad_scale", 1.0))
+        seen["norm"] = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)).item() / divisor
         return step(*args, **kwargs)
 
     engine.optimizer.step = spy
