@@ -5,9 +5,10 @@ four ways: the dense ``[L, L]`` mask (what packed rows used before), causal rows
     .venv/bin/python benchmarks/packed_attention.py [--reps 5]
     .venv/bin/python benchmarks/packed_attention.py --widths   # bf16 blocks attended in bf16 or in fp32
 
-`--widths`: one SDPA call over N blocks of W tokens (causal, or under a [W, W] mask), bf16 inputs, forward + backward,
-attended by the kernel in bf16 or upcast to fp32 (cast included), alternating; writes packed_attention_widths.json.
-It calibrates `FP32_ATTENTION_MAX_WIDTH` (below it the CPU kernel is faster in fp32).
+`--widths`: one attention call over N blocks of W tokens (causal, or under a [W, W] mask), bf16 inputs, forward +
+backward: SDPA's kernel in bf16, SDPA on the blocks upcast to fp32 (cast included), and `attend_in_matmuls` where the
+call has at most `MATMUL_ATTENTION_MAX_SCORES` scores; alternating; writes packed_attention_widths.json. It
+calibrates `FP32_ATTENTION_MAX_WIDTH` (below it the CPU kernel is faster in fp32) and the matmul route.
 
 Shapes: micro-batches of the workloads that pack (the demo's one prompt x 8 samples, GRPO's forced-256/512 micro-
 batches of 2 prompts x 4 samples, a long prompt shared by short answers, an offline SFT row of 8 x 128). Per shape:
@@ -31,7 +32,9 @@ from machine import machine_line, machine_record
 
 from rlhfkit.engine.host_memory import retain_freed_host_memory
 from rlhfkit.models.packed_attention import (
+    MATMUL_ATTENTION_MAX_SCORES,
     PackedAttention,
+    attend_in_matmuls,
     causal_rows,
     masked_blocks,
     packed_sdpa_forward,
@@ -115,7 +118,7 @@ def measure(allowed: torch.Tensor, block_layouts: dict[str, PackedAttention], re
     return ms
 
 
-WIDTHS = [(32, 53, True), (4, 144, False), (16, 96, True), (8, 160, False), (4, 256, False), (1, 300, False),
+WIDTHS = [(32, 20, True), (32, 53, True), (4, 144, False), (16, 96, True), (8, 160, False), (4, 256, False), (1, 300, False),
           (1, 576, False), (8, 512, True), (1, 768, False), (4, 1054, True)]  # blocks, width, causal
 
 
@@ -132,22 +135,31 @@ def width_sweep(reps: int) -> list[dict]:
         def run(dtype: torch.dtype, q: torch.Tensor = q, kv: torch.Tensor = kv, masks: dict = masks):
             return lambda: F.scaled_dot_product_attention(q.to(dtype), kv.to(dtype), kv.to(dtype), enable_gqa=True,
                                                           **masks).bfloat16().sum().backward()
-        times: dict[str, list[float]] = {"bf16": [], "fp32": []}
+
+        def in_matmuls(q: torch.Tensor = q, kv: torch.Tensor = kv, masks: dict = masks):
+            return lambda: attend_in_matmuls(q, kv, kv, masks.get("attn_mask"), DIM ** -0.5).sum().backward()
+        routes = {"bf16": run(torch.bfloat16), "fp32": run(torch.float32)}
+        if blocks * HEADS * width * width <= MATMUL_ATTENTION_MAX_SCORES:
+            routes["matmuls"] = in_matmuls()
+        times: dict[str, list[float]] = {name: [] for name in routes}
         for _ in range(reps):
-            for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-                times[name].append(timed(run(dtype), 1) * 1e3)
+            for name, fn in routes.items():
+                times[name].append(timed(fn, 1) * 1e3)
         ms = {k: round(statistics.median(v), 2) for k, v in times.items()}
         rows.append({"blocks": blocks, "width": width, "causal": causal, "ms": ms,
-                     "fp32_over_bf16": round(ms["fp32"] / ms["bf16"], 2)})
+                     "fp32_over_bf16": round(ms["fp32"] / ms["bf16"], 2),
+                     "matmuls_over_fp32": round(ms["matmuls"] / ms["fp32"], 2) if "matmuls" in ms else None})
+        matmuls = f"matmuls {ms['matmuls']:7.2f} ms ({ms['matmuls'] / ms['fp32']:.2f}x fp32)" if "matmuls" in ms \
+            else "matmuls       - (over the score bound)"
         print(f"{blocks:3d} x {width:5d} {'causal' if causal else 'masked'}  bf16 {ms['bf16']:7.2f} ms  "
-              f"fp32 {ms['fp32']:7.2f} ms  ({rows[-1]['fp32_over_bf16']:.2f}x)")
+              f"fp32 {ms['fp32']:7.2f} ms  ({rows[-1]['fp32_over_bf16']:.2f}x)  {matmuls}")
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--widths", action="store_true", help="the bf16-or-fp32 sweep over block widths instead")
+    parser.add_argument("--widths", action="store_true", help="the bf16 / fp32 / matmuls sweep over block widths instead")
     args = parser.parse_args()
     retain_freed_host_memory()  # as rlhfkit's CPU processes run (rlhfkit.engine.host_memory)
     record = machine_record()

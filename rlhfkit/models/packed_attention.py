@@ -34,6 +34,7 @@ implementation is `PACKED_SDPA` (`use_packed_attention`), which is plain SDPA fo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -227,18 +228,100 @@ def sample_blocks(lengths: Sequence[int]) -> PackedAttention:
     return cheaper_layout(rows, [range(total)], lambda positions: same_sample_causal(sample_of[positions]), total)
 
 
-# Blocks at most this wide attend in float32 when the model computes in bf16/fp16 on a CPU. SDPA's CPU kernel is
-# slow on narrow half-precision blocks: forward + backward of one layer (9 query heads, 3 key heads, 64 dims; AMD EPYC
-# Zen 5, 2 threads; `benchmarks/packed_attention.py --widths`, casts included) took 21.1 ms in bf16 and 11.4 ms in
-# fp32 for 32 causal rows of 53 tokens, 8.7 and 4.8 ms for 4 masked blocks of 144; even at 256-576 tokens; fp32 1.2x
-# to 1.35x longer from 512 on. The upcast is also the more precise attention.
+# Blocks at most this wide attend in float32 when the model computes in bf16/fp16 on a CPU and the blocks do not
+# attend in matmuls (`attends_in_matmuls`). SDPA's CPU kernel is slow on narrow half-precision blocks: forward +
+# backward of one layer (9 query heads, 3 key heads, 64 dims; AMD EPYC Zen 5, 2 threads;
+# `benchmarks/packed_attention.py --widths`, casts included) took 21.1 ms in bf16 and 11.4 ms in fp32 for 32 causal
+# rows of 53 tokens, 8.7 and 4.8 ms for 4 masked blocks of 144; even at 256-576 tokens; fp32 1.2x to 1.35x longer
+# from 512 on. The upcast is also the more precise attention.
 FP32_ATTENTION_MAX_WIDTH = 256
+
+# A bf16 call of at most this many scores (blocks x query heads x query width x key width) attends in batched matmuls
+# where the CPU computes bf16 natively (`attends_in_matmuls`, `attend_in_matmuls`). On one layer (forward + backward,
+# SmolLM2's 9/3 heads of 64; AMD EPYC Zen 5, 2 threads, `benchmarks/packed_attention.py --widths`) it takes about
+# 0.6x the time of SDPA's kernel on the same blocks upcast to fp32 (the demo's 32 answers of 20 tokens against 56
+# keys: 1.6 against 2.7 ms). It keeps the bf16 probabilities for the backward (2 bytes a score), which bounds it:
+# 2^22 scores are 8 MiB a layer.
+MATMUL_ATTENTION_MAX_SCORES = 2 ** 22
+
+
+@functools.cache
+def _cpu_computes_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX), as torch sees it; without them bf16 matmuls are
+    emulated, about 100x slower than fp32 (rlhfkit.engine.precision measures the rates)."""
+    return any(getattr(torch.cpu, probe, lambda: False)()
+               for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
+def attends_in_matmuls(device: torch.device, dtype: torch.dtype, scores: int) -> bool:
+    """Whether a call of `scores` scores in `dtype` attends in bf16 matmuls (`MATMUL_ATTENTION_MAX_SCORES`): bf16 on a
+    CPU that computes it natively only."""
+    return (device.type == "cpu" and dtype == torch.bfloat16 and scores <= MATMUL_ATTENTION_MAX_SCORES
+            and _cpu_computes_bf16())
 
 
 def attends_in_fp32(device: torch.device, dtype: torch.dtype, width: int) -> bool:
     """Whether blocks of `width` tokens in `dtype` attend in float32 (`FP32_ATTENTION_MAX_WIDTH`): half precision on
     a CPU only; CUDA's kernels are fast in half precision at every width."""
     return device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) and width <= FP32_ATTENTION_MAX_WIDTH
+
+
+class _AttentionInMatmuls(torch.autograd.Function):
+    """o = W v with W = round(P) / sum(round(P)), P = softmax(scale q k^T + bias), for bf16 q [N, H_kv, g * Wq, D]
+    (the g query heads of each key-value head stacked), k, v [N, H_kv, Wk, D] and a float32 bias [N, 1, Wq, Wk]
+    (0 or -inf).
+
+    The scores and the softmax are float32 (scores rounded to bf16 would be off by up to 0.4% of their size: 0.06 at
+    15). The probabilities are rounded to bf16 for the matmul with the values, as GPU flash attention rounds them, and
+    the output is divided by the rounded row's own sum, so the weights W sum to one. The backward is flash attention's
+    dS = W (dP - sum_j W_j dP_j) with dP = dO v^T in float32 and the row's mean taken from dP itself: a part common
+    to all values (large in a first layer) then cancels exactly, as it does in exact arithmetic; the matmuls for dq,
+    dk and dv are bf16. Where the weights do not sum to one, or the mean comes from the bf16 output (flash's
+    rowsum(dO o)), that part leaks into dq and dk: in SmolLM2-135M's bf16 gradient on one of two real demo batches
+    (32 answers), layer 0's q and k projections were then 39-41% off the fp32 model's gradient, against 11-16% here
+    and 8-13% for SDPA on the upcast blocks (the rest of the bf16 model's error; whole-gradient cosine 0.996-0.997
+    here, 0.997-0.998 upcast). tests/models/test_packed_attention.py has the case in small."""
+
+    @staticmethod
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor,
+                scale: float) -> torch.Tensor:
+        n, kv_heads, rows, _ = query.shape
+        q_width, k_width = bias.shape[-2], bias.shape[-1]
+        scores = (query.float() @ key.float().transpose(-1, -2)).view(n, kv_heads, rows // q_width, q_width, k_width)
+        probs = torch.softmax(torch.add(bias[:, :, None], scores, alpha=scale), dim=-1)
+        rounded = probs.to(query.dtype).view(n, kv_heads, rows, k_width)
+        total = rounded.sum(-1, keepdim=True, dtype=torch.float32)
+        out = (rounded @ value).float().div_(total)
+        ctx.save_for_backward(query, key, value, rounded, total)
+        ctx.scale = scale
+        return out.to(query.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        query, key, value, rounded, total = ctx.saved_tensors
+        grad = grad_out.float().div_(total)                                   # dO / sum: the weights' gradient scale
+        grad_value = rounded.transpose(-1, -2) @ grad.to(value.dtype)
+        grad_probs = grad @ value.float().transpose(-1, -2)                   # dP, float32
+        # dS = W (dP - sum_j W_j dP_j): the row's weighted mean from dP itself, so the values' common part cancels
+        # exactly (flash attention's rowsum(dO o) would read it from the output, rounded to bf16)
+        row_mean = (grad_probs * rounded).sum(-1, keepdim=True).div_(total)
+        grad_scores = grad_probs.sub_(row_mean).mul_(rounded).mul_(ctx.scale).to(query.dtype)
+        return grad_scores @ key, grad_scores.transpose(-1, -2) @ query, grad_value, None, None
+
+
+def attend_in_matmuls(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None,
+                      scale: float) -> torch.Tensor:
+    """softmax(scale q k^T + mask) v for bf16 query [N, H, Wq, D] and key/value [N, H_kv, Wk, D] (query head h reads
+    key-value head h // (H / H_kv), as SDPA's `enable_gqa`) in batched matmuls, one per key-value head over its
+    H / H_kv query heads (`_AttentionInMatmuls` says where it rounds); `allowed` [N, 1, Wq, Wk] bool, True = attend,
+    or None: causal (Wq == Wk). Every query must see at least one key. Returns [N, H, Wq, D] in bf16."""
+    n, heads, q_width, dim = query.shape
+    kv_heads, k_width = key.shape[1], key.shape[2]
+    if allowed is None:
+        allowed = torch.ones(q_width, k_width, dtype=torch.bool, device=query.device).tril()[None, None]
+    bias = torch.zeros(allowed.shape, dtype=torch.float32, device=query.device).masked_fill_(~allowed, float("-inf"))
+    stacked = query.reshape(n, kv_heads, heads // kv_heads * q_width, dim)
+    return _AttentionInMatmuls.apply(stacked, key, value, bias, scale).view(n, heads, q_width, dim)
 
 
 def packed_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -275,6 +358,9 @@ def _attend_blocks(blocks: AttentionBlocks, query: torch.Tensor, key: torch.Tens
         k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
         grouped = False
     dtype = q.dtype
+    if dropout == 0.0 and attends_in_matmuls(q.device, dtype, q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]):
+        out = attend_in_matmuls(q, k, v, blocks.mask, q.shape[-1] ** -0.5 if scaling is None else scaling)
+        return out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3])   # [N * Wq, H, D]
     if attends_in_fp32(q.device, dtype, blocks.width):
         q, k, v = q.float(), k.float(), v.float()
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=blocks.mask, dropout_p=dropout, scale=scaling,

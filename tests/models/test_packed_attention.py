@@ -10,8 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from rlhfkit.models.loading import load_causal_lm
+import rlhfkit.models.packed_attention as packed_attention_module
 from rlhfkit.models.packed_attention import (
     FP32_ATTENTION_MAX_WIDTH,
+    attend_in_matmuls,
     PACKED_SDPA,
     PackedAttention,
     causal_rows,
@@ -76,10 +78,12 @@ def test_each_layout_equals_the_dense_mask_on_random_heads_with_grouped_keys():
 
 
 @pytest.mark.parametrize("width", [FP32_ATTENTION_MAX_WIDTH, FP32_ATTENTION_MAX_WIDTH + 1])
-def test_narrow_bf16_blocks_attend_in_fp32_and_wide_ones_in_bf16(width):
-    """On a CPU a bf16 block of at most FP32_ATTENTION_MAX_WIDTH tokens is attended in float32 (the CPU kernel is
-    faster there) and its output rounded to bf16: bit for bit SDPA on the upcast inputs, and no further from the
-    float64 attention than the bf16 kernel; a wider block goes through the bf16 kernel, bit for bit."""
+def test_narrow_bf16_blocks_attend_in_fp32_and_wide_ones_in_bf16(width, monkeypatch):
+    """Where bf16 blocks do not attend in matmuls (here: none do), on a CPU a bf16 block of at most
+    FP32_ATTENTION_MAX_WIDTH tokens is attended in float32 (the CPU kernel is faster there) and its output rounded to
+    bf16: bit for bit SDPA on the upcast inputs, and no further from the float64 attention than the bf16 kernel; a
+    wider block goes through the bf16 kernel, bit for bit."""
+    monkeypatch.setattr(packed_attention_module, "MATMUL_ATTENTION_MAX_SCORES", 0)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, h, width, 16, generator=g).bfloat16().requires_grad_() for h in (4, 2, 2))
     layout = causal_rows([range(width)], width)  # one causal block: the packed row itself
@@ -100,6 +104,97 @@ def test_narrow_bf16_blocks_attend_in_fp32_and_wide_ones_in_bf16(width):
     if narrow:
         bf16_error = (sdpa(torch.bfloat16)[0].double() - exact).abs().mean()
         assert (out.detach().double() - exact).abs().mean() <= bf16_error
+
+
+def _attention_case(causal: bool, common: float) -> tuple[torch.Tensor, ...]:
+    """bf16 q [3, 6, 12, 16], k/v [3, 2, W, 16] (3 query heads per key-value head), scores of a few units, values on a
+    grid of 1/8 with `common` added to every key's (the large shared part of a first layer's values; exact in bf16
+    for `common` = 16), and a random mask in which every query sees its first key (causal: None, W = 12; else W = 20).
+    """
+    g = torch.Generator().manual_seed(3)
+    width = 12 if causal else 20
+    q = (torch.randn(3, 6, 12, 16, generator=g) * 1.5).bfloat16()
+    k = (torch.randn(3, 2, width, 16, generator=g) * 1.5).bfloat16()
+    v = ((torch.randn(3, 2, width, 16, generator=g) * 8).round().clamp(-31, 31) / 8 + common).bfloat16()
+    allowed = None
+    if not causal:
+        allowed = torch.rand(3, 1, 12, width, generator=g) < 0.6
+        allowed[..., 0] = True
+    return q, k, v, allowed
+
+
+def _attention_and_grads(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, leaf_dtype: torch.dtype,
+                         ) -> list[torch.Tensor]:
+    """fn's output and dq, dk, dv (float64) for a fixed output gradient, the inputs as leaves of `leaf_dtype`."""
+    leaves = [t.detach().to(leaf_dtype).requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(4)).bfloat16().to(out.dtype)
+    return [t.detach().double() for t in (out, *torch.autograd.grad(out, leaves, grad_out))]
+
+
+def _relative_error(t: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((t - ref).abs().mean() / ref.abs().mean())
+
+
+def _sdpa(dtype: torch.dtype, allowed: torch.Tensor | None):
+    return lambda q, k, v: F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=allowed,
+                                                          is_causal=allowed is None, enable_gqa=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("common", [0.0, 16.0])
+def test_bf16_attention_in_matmuls_is_within_2x_of_the_fp32_kernels_error(causal, common):
+    """`attend_in_matmuls` (bf16 blocks on a CPU with native bf16) against SDPA in float64: output and dq, dk, dv
+    (mean relative error) within 2x of SDPA's on the inputs upcast to fp32, whose only error is rounding to bf16.
+    Measured: 1.1x-1.8x; with values that share a large part (`common` = 16) the bf16 kernel is 36x-45x off in dq
+    and dk, and so is this attention (18x-24x) if its weights do not sum to one."""
+    q, k, v, allowed = _attention_case(causal, common)
+    exact = _attention_and_grads(_sdpa(torch.float64, allowed), q, k, v, torch.float64)
+    ours = _attention_and_grads(lambda a, b, c: attend_in_matmuls(a, b, c, allowed, 0.25), q, k, v, torch.bfloat16)
+    upcast = _attention_and_grads(lambda a, b, c: _sdpa(torch.float32, allowed)(a, b, c).bfloat16(), q, k, v,
+                                  torch.bfloat16)
+    assert ours[0].shape == (3, 6, 12, 16)
+    for name, mine, fp32, ref in zip(("output", "dq", "dk", "dv"), ours, upcast, exact):
+        assert _relative_error(mine, ref) <= 2 * _relative_error(fp32, ref), \
+            f"{name}: {_relative_error(mine, ref):.2e} against the fp32 kernel's {_relative_error(fp32, ref):.2e}"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bf16_attention_in_matmuls_gradients_ignore_a_part_common_to_all_values(causal):
+    """Adding the same vector to every value shifts the output by it and leaves dq and dk as they were (the weights
+    sum to one): through `attend_in_matmuls` they move by at most 1e-3 of their size (measured: under 3e-5; 2.6e-2 to
+    3.4e-2 where the weights do not sum to one, and in SDPA's bf16 kernel 5e-2)."""
+    q, k, v, allowed = _attention_case(causal, 0.0)
+    shifted = _attention_case(causal, 16.0)[2]
+
+    def grads(values: torch.Tensor) -> list[torch.Tensor]:
+        return _attention_and_grads(lambda a, b, c: attend_in_matmuls(a, b, c, allowed, 0.25), q, k, values,
+                                    torch.bfloat16)
+    plain, moved = grads(v), grads(shifted)
+    for name, i in (("dq", 1), ("dk", 2)):
+        assert _relative_error(moved[i], plain[i]) <= 1e-3, f"{name}: {_relative_error(moved[i], plain[i]):.2e}"
+
+
+def test_bf16_packed_blocks_attend_in_matmuls_up_to_the_score_bound(monkeypatch):
+    """A bf16 call of at most MATMUL_ATTENTION_MAX_SCORES scores goes through `attend_in_matmuls` where the CPU
+    computes bf16 natively (forced here, so every machine checks the route), a bigger one through SDPA on the upcast
+    blocks; on a CPU without native bf16 every call goes to SDPA."""
+    monkeypatch.setattr(packed_attention_module, "_cpu_computes_bf16", lambda: True)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 24, 16, generator=g).bfloat16() for h in (4, 2, 2))
+    layout = causal_rows([range(24)], 24)
+    via_matmuls = attend_in_matmuls(q, k, v, None, 16 ** -0.5).transpose(1, 2)
+    upcast = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True, enable_gqa=True)
+    upcast = upcast.bfloat16().transpose(1, 2)
+    assert not torch.equal(via_matmuls, upcast)  # the two routes are told apart by their rounding
+    scores = 4 * 24 * 24
+    for bound, expected in ((scores, via_matmuls), (scores - 1, upcast)):
+        monkeypatch.setattr(packed_attention_module, "MATMUL_ATTENTION_MAX_SCORES", bound)
+        out, _ = packed_sdpa_forward(torch.nn.Module(), q, k, v, None, packed_attention=layout)
+        assert torch.equal(out, expected), f"bound {bound}"
+    monkeypatch.setattr(packed_attention_module, "_cpu_computes_bf16", lambda: False)
+    out, _ = packed_sdpa_forward(torch.nn.Module(), q, k, v, None, packed_attention=layout)
+    assert torch.equal(out, upcast)
 
 
 @pytest.mark.parametrize("kind", ["causal rows", "masked blocks", "shared prompts", "chosen"])
