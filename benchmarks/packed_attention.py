@@ -118,8 +118,8 @@ def measure(allowed: torch.Tensor, block_layouts: dict[str, PackedAttention], re
     return ms
 
 
-WIDTHS = [(32, 20, True), (32, 53, True), (4, 144, False), (16, 96, True), (8, 160, False), (4, 256, False), (1, 300, False),
-          (1, 576, False), (8, 512, True), (1, 768, False), (4, 1054, True)]  # blocks, width, causal
+WIDTHS = [(32, 20, True), (32, 53, True), (4, 144, False), (16, 96, True), (8, 160, False), (4, 256, False),
+          (1, 300, False), (1, 576, False), (8, 512, True), (1, 768, False), (4, 1054, True)]  # blocks, width, causal
 
 
 def width_sweep(reps: int) -> list[dict]:
@@ -159,7 +159,8 @@ def width_sweep(reps: int) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--widths", action="store_true", help="the bf16 / fp32 / matmuls sweep over block widths instead")
+    parser.add_argument("--widths", action="store_true",
+                        help="the bf16 / fp32 / matmuls sweep over block widths instead")
     args = parser.parse_args()
     retain_freed_host_memory()  # as rlhfkit's CPU processes run (rlhfkit.engine.host_memory)
     record = machine_record()

@@ -9,7 +9,9 @@ so resume stays exact and updates far below the half precision's resolution stil
                          as it is accumulated (a post-accumulate hook), so micro-batches sum in fp32
     optimizer step:      on the masters (clip, AdamW, ...): `masters_with_grads()` first (a master no micro-batch
                          reached has no gradient, as with set_to_none), `end_step()` after, instead of zero_grad
-    sync_to_model():     param = round_to_dtype(master), after every step and every checkpoint load
+    sync_to_model():     param = round_to_dtype(master), after every step and every checkpoint load (a CPU step
+                         of torch's fused AdamW with stochastic rounding does both in one pass instead:
+                         rlhfkit.engine.adamw_round)
 
 On a CPU the masters' fp32 gradient buffers are allocated once and kept across steps: a step's first micro-batch
 copies into them, the next ones add. (Freed and allocated again every step, as zero_grad(set_to_none=True) does, each
@@ -258,11 +260,11 @@ class MasterWeights:
         bits = RandomBits((self.seed, step), device) if self.stochastic else None
         for param, master in self.pairs:
             if bits is not None and param.requires_grad:
-                stochastic_round_to_bf16(master, bits, out=param.data, scratch=self._scratch())
+                stochastic_round_to_bf16(master, bits, out=param.data, scratch=self.rounding_scratch())
             elif param.requires_grad or not trainable_only:
                 param.copy_(master)
 
-    def _scratch(self) -> RoundingScratch:
+    def rounding_scratch(self) -> RoundingScratch:
         """Stochastic rounding's buffers, made once (12 MiB)."""
         if self.scratch is None:
             self.scratch = RoundingScratch(self.pairs[0][1].device)

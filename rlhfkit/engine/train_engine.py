@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from rlhfkit.config.optim_options import SharedOptimFlags, optim_settings
+from rlhfkit.engine.adamw_round import adamw_step_and_round, fuses_adamw_and_rounding
 from rlhfkit.engine.distributed import DistInfo
 from rlhfkit.engine.ema import EMA
 from rlhfkit.engine.fsdp import compute_dtype, shard_model
@@ -70,6 +71,8 @@ class TrainEngine:
         self.aux_loss = _router_aux_loss(self.model, self.aux_loss_coef)
         self.settings = optim_settings(cfg, role, learning_rate)
         self.optimizer = make_optimizer(self.state_model, self.settings)
+        # fused AdamW over stochastically rounded masters on a CPU: the step and the rounding in one pass
+        self.steps_and_rounds = fuses_adamw_and_rounding(self.optimizer, self.master)
         self.scheduler = build_scheduler(self.optimizer, total_steps=total_steps,
                                          warmup_ratio=self.settings.lr_warmup_ratio,
                                          schedule=self.settings.lr_scheduler, min_lr_ratio=self.settings.min_lr_ratio)
@@ -115,7 +118,11 @@ class TrainEngine:
             report["lr"] = self.lr
             report["grad_norm_after_clip"] = value / float(unscale) if unscale is not None else \
                 float(_full(torch.nn.utils.get_total_norm(grads)))
-        if unscale is None:
+        step = self.scheduler.last_epoch + 1
+        if self.steps_and_rounds:
+            assert self.master is not None and isinstance(self.optimizer, torch.optim.AdamW)  # steps_and_rounds
+            adamw_step_and_round(self.optimizer, self.master, step, grad_scale=unscale)
+        elif unscale is None:
             self.optimizer.step()
         else:
             self.optimizer.grad_scale = unscale  # type: ignore[attr-defined]  # read by torch's fused Adam(W) step
@@ -123,8 +130,8 @@ class TrainEngine:
                 self.optimizer.step()
             finally:
                 del self.optimizer.grad_scale  # type: ignore[attr-defined]
-        if self.master is not None:
-            self.master.sync_to_model(step=self.scheduler.last_epoch + 1)
+        if self.master is not None and not self.steps_and_rounds:
+            self.master.sync_to_model(step=step)
         if self.ema is not None:
             self.ema.update()
         if before is not None and report is not None:  # (before is set exactly when report is)

@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlhfkit.models.loading import load_causal_lm
 import rlhfkit.models.packed_attention as packed_attention_module
+from rlhfkit.models.loading import load_causal_lm
 from rlhfkit.models.packed_attention import (
     FP32_ATTENTION_MAX_WIDTH,
-    attend_in_matmuls,
     PACKED_SDPA,
     PackedAttention,
+    attend_in_matmuls,
     causal_rows,
     masked_blocks,
     packed_sdpa_forward,
