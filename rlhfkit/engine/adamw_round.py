@@ -2,12 +2,12 @@
 
 After torch's fused AdamW has stepped the fp32 masters, `MasterWeights.sync_to_model` reads every master again to
 round it into the bf16 weight the forward uses: a second pass over 540 MB for 135M weights. Here each weight's update
-and its rounding are one loop (a numba kernel, every thread on its own part of each tensor): the master is read once,
-updated, and its stochastic rounding written with the counter stream's word at the very position `sync_to_model`
-would give it (`rlhfkit.engine.master_weights.RandomBits`), so the bf16 weights are those of an AdamW step followed by
-the rounding. The optimizer stays a `torch.optim.AdamW`: its parameter groups (lr from the schedule, weight decay
-per group) are read at every step and its state (`step`, `exp_avg`, `exp_avg_sq`) is torch's, so checkpoints,
-resume and every other path are unchanged.
+and its rounding are one loop (a numba kernel over pieces of 1M weights, each thread on a contiguous run of pieces):
+the master is read once, updated, and its stochastic rounding written with the counter stream's word at the very
+position `sync_to_model` would give it (`rlhfkit.engine.master_weights.RandomBits`), so the bf16 weights are those
+of an AdamW step followed by the rounding. The optimizer stays a `torch.optim.AdamW`: its parameter groups (lr from
+the schedule, weight decay per group) are read at every step and its state (`step`, `exp_avg`, `exp_avg_sq`) is
+torch's, so checkpoints, resume and every other path are unchanged.
 
 AdamW, as torch.optim.AdamW computes it (float32 arithmetic; the scalars computed in float64, then float32):
 
@@ -42,7 +42,7 @@ def fuses_adamw_and_rounding(optimizer: torch.optim.Optimizer, master: MasterWei
     with the counter source."""
     if master is None or not master.stochastic or type(optimizer) is not torch.optim.AdamW or not master.pairs:
         return False
-    if master.pairs[0][1].device.type != "cpu" or RandomBits((0,), "cpu").source != "counter":
+    if master.pairs[0][1].device.type != "cpu":  # on a CPU the rounding draws from the counter source
         return False
     return all(group.get("fused") and not group.get("amsgrad") and not group.get("maximize")
                and not group.get("capturable") and not group.get("differentiable")
