@@ -266,8 +266,9 @@ def test_a_bf16_train_engine_resumes_exactly_from_its_checkpoint(tiny_model_dir,
 
 def test_master_weights_rounding_flag_decides_how_the_engine_rounds(tiny_model_dir, gloo):
     """--master_weights_rounding through TrainEngine: after a step far below bf16's resolution, `nearest` leaves the
-    compute copy the round-to-nearest of the masters; `stochastic` gives each weight one of its two bf16 neighbours,
-    not always the nearest, and its average moved like the masters' (float64)."""
+    compute copy the round-to-nearest of the masters; `stochastic` (its AdamW step and rounding in one pass on a CPU)
+    gives each weight one of its two bf16 neighbours, not always the nearest, and its average moved like the masters'
+    (float64)."""
     from rlhfkit.config.parse import parse_config
     from rlhfkit.engine.distributed import DistInfo
     from rlhfkit.engine.train_engine import TrainEngine
@@ -284,6 +285,8 @@ def test_master_weights_rounding_flag_decides_how_the_engine_rounds(tiny_model_d
         assert cfg.master_weights_rounding == rounding
         engine = TrainEngine(load_causal_lm(tiny_model_dir), cfg, dist, total_steps=4)
         assert engine.master is not None
+        # stochastic on a CPU: the AdamW step and the rounding in one pass (rlhfkit.engine.adamw_round)
+        assert engine.steps_and_rounds == (rounding == "stochastic")
         engine.model(input_ids=ids, labels=ids).loss.backward()
         engine.optimizer_step()
         name = "model.layers.0.self_attn.q_proj.weight"
