@@ -27,6 +27,10 @@ dense-mask attention's up to float summation order (tests/models/test_packed_att
 uses is a cost estimate from the block sizes (`cheapest_layout`), never a measurement: same input, same choice, same
 numbers.
 
+How a call's blocks are computed depends on the precision and the machine: on a CPU with native bf16, a bf16 call of
+at most `MATMUL_ATTENTION_MAX_SCORES` scores runs as batched matmuls (`attend_in_matmuls`); other half-precision
+blocks of at most `FP32_ATTENTION_MAX_WIDTH` tokens go to SDPA upcast to fp32 on a CPU; everything else to SDPA as is.
+
 The layout travels to the attention function as the model call's ``packed_attention`` keyword (transformers passes a
 decoder's extra keywords down to its attention, as it does flash attention's ``cu_seq_lens``); the model's attention
 implementation is `PACKED_SDPA` (`use_packed_attention`), which is plain SDPA for any call without that keyword.
@@ -238,10 +242,10 @@ FP32_ATTENTION_MAX_WIDTH = 256
 
 # A bf16 call of at most this many scores (blocks x query heads x query width x key width) attends in batched matmuls
 # where the CPU computes bf16 natively (`attends_in_matmuls`, `attend_in_matmuls`). On one layer (forward + backward,
-# SmolLM2's 9/3 heads of 64; AMD EPYC Zen 5, 2 threads, `benchmarks/packed_attention.py --widths`) it takes about
-# 0.6x the time of SDPA's kernel on the same blocks upcast to fp32 (the demo's 32 answers of 20 tokens against 56
-# keys: 1.6 against 2.7 ms). It keeps the bf16 probabilities for the backward (2 bytes a score), which bounds it:
-# 2^22 scores are 8 MiB a layer.
+# SmolLM2's 9/3 heads of 64; AMD EPYC Zen 5, 2 threads, `benchmarks/packed_attention.py --widths`) it takes 0.58x to
+# 0.78x the time of SDPA's kernel on the same blocks upcast to fp32, from 32 x 20 to 1 x 576 tokens (the demo's 32
+# answers of 20 tokens against 56 keys: 1.5-1.6 against 2.6 ms). It keeps the bf16 probabilities for the backward
+# (2 bytes a score), which bounds it: 2^22 scores are 8 MiB a layer.
 MATMUL_ATTENTION_MAX_SCORES = 2 ** 22
 
 
