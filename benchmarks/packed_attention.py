@@ -3,7 +3,7 @@ four ways: the dense ``[L, L]`` mask (what packed rows used before), causal rows
 (`rlhfkit.models.packed_attention`); and which of the block layouts the cost estimate picks.
 
     .venv/bin/python benchmarks/packed_attention.py [--reps 5]
-    .venv/bin/python benchmarks/packed_attention.py --widths   # bf16 blocks attended in bf16 or in fp32
+    .venv/bin/python benchmarks/packed_attention.py --widths   # bf16 blocks in bf16, in fp32, in matmuls
 
 `--widths`: one attention call over N blocks of W tokens (causal, or under a [W, W] mask), bf16 inputs, forward +
 backward: SDPA's kernel in bf16, SDPA on the blocks upcast to fp32 (cast included), and `attend_in_matmuls` where the
