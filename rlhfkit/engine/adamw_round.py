@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from rlhfkit.engine.master_weights import _GOLDEN, RandomBits, _counter_kernel
+from rlhfkit.engine.master_weights import _SPLITMIX64, RandomBits, stochastic_round_to_bf16
+from rlhfkit.engine.optim import takes_grad_scale
 
 if TYPE_CHECKING:
     from rlhfkit.engine.master_weights import MasterWeights
@@ -40,12 +41,12 @@ def fuses_adamw_and_rounding(optimizer: torch.optim.Optimizer, master: MasterWei
     """Whether `adamw_step_and_round` can stand for `optimizer.step()` then `master.sync_to_model`: torch's fused
     AdamW (no amsgrad, maximize, capturable or differentiable) over fp32 masters on a CPU that round stochastically
     with the counter source."""
-    if master is None or not master.stochastic or type(optimizer) is not torch.optim.AdamW or not master.pairs:
+    if master is None or not master.stochastic or not takes_grad_scale(optimizer) or not master.pairs:
         return False
     if master.pairs[0][1].device.type != "cpu":  # on a CPU the rounding draws from the counter source
         return False
-    return all(group.get("fused") and not group.get("amsgrad") and not group.get("maximize")
-               and not group.get("capturable") and not group.get("differentiable")
+    return all(not group.get("amsgrad") and not group.get("maximize") and not group.get("capturable")
+               and not group.get("differentiable")
                and all(p.dtype == torch.float32 and p.is_contiguous() for p in group["params"])
                for group in optimizer.param_groups)
 
@@ -58,27 +59,25 @@ def adamw_step_and_round(optimizer: torch.optim.AdamW, master: MasterWeights, st
                          grad_scale: torch.Tensor | None = None) -> None:
     """One AdamW step of the masters with their stochastic rounding into the compute weights, in one pass
     (module docstring); the same as `optimizer.step()` (its `grad_scale` attribute set to `grad_scale`) then
-    `master.sync_to_model(step)`. A master without a gradient this step is only rounded, as there. The work is cut
+    `master.sync_to_model(step)`. A master without a gradient this step is only rounded, as there (by
+    `stochastic_round_to_bf16`, at its place in the stream). The work of the others is cut
     into pieces of at most `PIECE` weights, and each of the scratch's threads takes a contiguous run of pieces of
     about equal size: one hand-off per thread and step, however many tensors the model has."""
     group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
-    key = RandomBits((master.seed, step), "cpu").key
+    bits = RandomBits((master.seed, step), "cpu")
     scale = np.float32(1.0 if grad_scale is None else float(grad_scale))
-    adamw, round_only = _adamw_round_kernel(), _counter_kernel()
+    adamw = _adamw_round_kernel()
     pieces: list[tuple[Any, tuple[Any, ...], int]] = []  # (kernel, its arguments, weights)
     position = 0
     for param, weight in master.pairs:
         if not param.requires_grad:
             continue
-        target = param.data.view(-1).view(torch.int16).numpy().view(np.uint16)
         group = group_of.get(id(weight))
-        if group is None or weight.grad is None:  # only rounded
-            arrays: list[np.ndarray] = [weight.detach().view(-1).numpy().view(np.uint32), target]
-            for lo in range(0, target.size, PIECE):
-                hi = min(lo + PIECE, target.size)
-                pieces.append((round_only, (*(a[lo:hi] for a in arrays), np.uint64(key), np.uint64(position + lo)),
-                               hi - lo))
+        if group is None or weight.grad is None:  # only rounded, with its words of the stream, as sync_to_model does
+            bits.position = position
+            stochastic_round_to_bf16(weight, bits, out=param.data, scratch=master.rounding_scratch())
         else:
+            target = param.data.view(-1).view(torch.int16).numpy().view(np.uint16)
             state = optimizer.state[weight]
             if not state:  # as torch's AdamW starts a parameter's state
                 state["step"] = torch.tensor(0.0, dtype=torch.float32)
@@ -94,7 +93,7 @@ def adamw_step_and_round(optimizer: torch.optim.AdamW, master: MasterWeights, st
                                                              state["exp_avg_sq"])] + [target]
             for lo in range(0, target.size, PIECE):
                 hi = min(lo + PIECE, target.size)
-                pieces.append((adamw, (*(a[lo:hi] for a in arrays), *scalars, np.uint64(key),
+                pieces.append((adamw, (*(a[lo:hi] for a in arrays), *scalars, np.uint64(bits.key),
                                        np.uint64(position + lo)), hi - lo))
         position += weight.numel()
     _run_balanced(pieces, master.rounding_scratch())
@@ -141,7 +140,7 @@ def _adamw_round_kernel() -> Any:
             return builder.bitcast(args[0], ir.IntType(32))
         return types.uint32(types.float32), codegen
 
-    golden, mix1, mix2 = np.uint64(_GOLDEN), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+    golden, mix1, mix2 = (np.uint64(c) for c in _SPLITMIX64)
 
     @numba.njit(nogil=True, cache=True, error_model="numpy")
     def adamw_round(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, target: Any, decay: Any, one_minus_beta1: Any,

@@ -86,7 +86,9 @@ class RoundingScratch:
 
 
 RANDOM_BITS_SOURCES = ("counter", "torch")
-_GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's increment
+# SplitMix64's increment (the golden ratio) and its two multipliers: the counter stream's constants, for every kernel
+# that computes its words (here and rlhfkit.engine.adamw_round)
+_SPLITMIX64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
 
 class RandomBits:
@@ -157,7 +159,7 @@ def _counter_kernel() -> Any:
     except ImportError as err:  # a dependency of rlhfkit (pyproject.toml)
         raise ImportError("stochastic rounding on a CPU needs numba (pip install numba), or pass "
                           "--master_weights_rounding nearest") from err
-    golden, mix1, mix2 = np.uint64(_GOLDEN), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+    golden, mix1, mix2 = (np.uint64(c) for c in _SPLITMIX64)
 
     @numba.njit(nogil=True, cache=True, error_model="numpy")
     def counter_round(source: Any, target: Any, key: Any, first: Any) -> None:  # pragma: no cover (compiled)

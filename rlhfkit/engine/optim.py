@@ -36,6 +36,12 @@ def _adamw_kernel(params: list[torch.nn.Parameter]) -> dict[str, Any]:
     return {"fused": True} if fused else {"foreach": False}
 
 
+def takes_grad_scale(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` divides each gradient by its `grad_scale` attribute inside its step: torch's fused AdamW
+    (what `make_optimizer` builds for plain parameters), which reads it as AMP's GradScaler sets it."""
+    return type(optimizer) is torch.optim.AdamW and all(group.get("fused") for group in optimizer.param_groups)
+
+
 def make_optimizer(model: torch.nn.Module, s: OptimSettings) -> torch.optim.Optimizer:
     """The optimizer `s` asks for: AdamW (--optim adam), or Muon for the hidden matrices with AdamW for the rest
     (--optim muon; the split is rlhfkit.engine.muon.muon_parameters)."""

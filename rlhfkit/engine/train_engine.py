@@ -18,7 +18,7 @@ from rlhfkit.engine.ema import EMA
 from rlhfkit.engine.fsdp import compute_dtype, shard_model
 from rlhfkit.engine.host_memory import retain_freed_host_memory
 from rlhfkit.engine.master_weights import MasterWeights
-from rlhfkit.engine.optim import build_scheduler, make_optimizer
+from rlhfkit.engine.optim import build_scheduler, make_optimizer, takes_grad_scale
 from rlhfkit.models.context_parallel import ring_group, use_ring_attention
 from rlhfkit.models.loading import is_4bit
 
@@ -169,12 +169,6 @@ def _router_aux_loss(model: nn.Module, coef: float) -> Any:
         raise ConfigError(f"--aux_loss_coef {coef}: the model is not a mixture of experts (no router), so there is no "
                           "load-balancing loss to add; drop the flag")
     return RouterAuxLoss(model)
-
-
-def takes_grad_scale(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether `optimizer` divides each gradient by its `grad_scale` attribute inside its step: torch's fused AdamW
-    (what `make_optimizer` builds for plain parameters), which reads it as AMP's GradScaler sets it."""
-    return type(optimizer) is torch.optim.AdamW and all(group.get("fused") for group in optimizer.param_groups)
 
 
 def clip_divisor(norm: torch.Tensor, max_norm: float) -> torch.Tensor:

@@ -39,7 +39,8 @@ def test_clipping_folded_into_the_fused_adamw_step_equals_clip_then_step_float64
     """`TrainEngine.optimizer_step` hands clip_grad_norm_'s coefficient to torch's fused AdamW as the divisor of
     every gradient (`clip_divisor`) instead of scaling the gradients in a pass of its own. One step on random
     parameters equals AdamW done by hand in float64 on the clipped gradients g x min(1, max_norm / (||g|| + 1e-6))."""
-    from rlhfkit.engine.train_engine import clip_divisor, takes_grad_scale
+    from rlhfkit.engine.optim import takes_grad_scale
+    from rlhfkit.engine.train_engine import clip_divisor
 
     g = torch.Generator().manual_seed(0)
     shapes = [(7, 5), (5,), (3, 4, 2)]
