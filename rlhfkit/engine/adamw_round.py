@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from rlhfkit.engine.master_weights import _SPLITMIX64, RandomBits, stochastic_round_to_bf16
+from rlhfkit.engine.master_weights import _SPLITMIX64, RandomBits, RoundingScratch, stochastic_round_to_bf16
 from rlhfkit.engine.optim import takes_grad_scale
 
 if TYPE_CHECKING:
@@ -99,9 +99,9 @@ def adamw_step_and_round(optimizer: torch.optim.AdamW, master: MasterWeights, st
     _run_balanced(pieces, master.rounding_scratch())
 
 
-def _run_balanced(pieces: list[tuple[Any, tuple[Any, ...], int]], scratch: Any) -> None:
-    """Run the pieces, cut into `scratch.threads` contiguous runs of about equal weight counts, one per thread (the
-    calling thread takes the first; the kernels release the GIL)."""
+def _run_balanced(pieces: list[tuple[Any, tuple[Any, ...], int]], scratch: RoundingScratch) -> None:
+    """Run the pieces, cut into `scratch.threads` contiguous runs of about equal weight counts, one per thread
+    (`RoundingScratch.run`)."""
     total = sum(size for _, _, size in pieces)
     runs: list[list[tuple[Any, tuple[Any, ...], int]]] = [[] for _ in range(scratch.threads)]
     done = 0
@@ -112,10 +112,7 @@ def _run_balanced(pieces: list[tuple[Any, tuple[Any, ...], int]], scratch: Any) 
     def run(batch: list[tuple[Any, tuple[Any, ...], int]]) -> None:
         for kernel, args, _ in batch:
             kernel(*args)
-    pending = [scratch.pool().submit(run, batch) for batch in runs[1:] if batch]
-    run(runs[0])
-    for future in pending:
-        future.result()
+    scratch.run([functools.partial(run, batch) for batch in runs if batch])
 
 
 @functools.cache

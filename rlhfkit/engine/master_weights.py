@@ -41,7 +41,7 @@ from __future__ import annotations
 import copy
 import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -79,10 +79,16 @@ class RoundingScratch:
                              torch.empty(self.chunk, dtype=torch.int32, device=self.device))
         return self._buffers
 
-    def pool(self) -> ThreadPoolExecutor:
-        if self._pool is None:
+    def run(self, calls: Sequence[Callable[[], None]]) -> None:
+        """Run `calls` at once, at most one per thread: the first on the calling thread, the others on the pool's
+        (the kernels release the GIL); return when all are done."""
+        if self._pool is None and len(calls) > 1:
             self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="stochastic-rounding")
-        return self._pool
+        pending = [self._pool.submit(call) for call in calls[1:]] if self._pool is not None else []
+        if calls:
+            calls[0]()
+        for done in pending:
+            done.result()
 
 
 RANDOM_BITS_SOURCES = ("counter", "torch")
@@ -145,10 +151,7 @@ def _counter_round(pattern: torch.Tensor, halves: torch.Tensor, key: int, positi
     bounds = [size * i // parts for i in range(parts + 1)]
     work: list[tuple[Any, ...]] = [(source[a:b], target[a:b], np.uint64(key), np.uint64(position + a))
                                    for a, b in zip(bounds, bounds[1:])]
-    pending = [scratch.pool().submit(kernel, *args) for args in work[1:]]
-    kernel(*work[0])
-    for done in pending:
-        done.result()
+    scratch.run([functools.partial(kernel, *args) for args in work])
 
 
 @functools.cache
