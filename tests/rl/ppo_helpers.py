@@ -50,14 +50,26 @@ def assert_same_step(a: list[dict], b: list[dict], a_out: Path, b_out: Path, ini
     wa, wb = load_file(str(a_out / "hf" / "model.safetensors")), load_file(str(b_out / "hf" / "model.safetensors"))
     w0 = load_file(str(Path(initial) / "model.safetensors"))
     assert wa.keys() == wb.keys() == w0.keys()  # the same tensors (a tied lm_head is not written twice)
-    # Adam's first step moves every weight by about lr * sign(g) (0.03 here); an element whose gradient is near
-    # Adam's eps moves by lr * g / eps and so amplifies summation-order noise: a few of the 3.2M elements differ by
-    # up to ~1e-4 while the mean difference stays ~4e-9
-    diff = torch.cat([(wa[n].double() - wb[n].double()).abs().flatten() for n in wa])
+    # Adam's first step moves a weight by u = lr g / (|g| + eps): about lr (0.03 here) where |g| >> eps, but
+    # |du/dg| = lr eps / (|g| + eps)^2 reaches lr / eps = 3e6 at g = 0, so an element whose gradient is within a few
+    # eps of zero moves by an amount that summation order alone sets. GRPO's gradients are differences of near-equal
+    # sums (a group's advantages sum to zero), so their noise is ~1e-10 while eps is 1e-8: on an Intel Xeon with AMX
+    # one element of the 3.2M (|g| = 0.6 eps) moved 5.3e-4 apart after one step of a ring-attention run, and one moved
+    # 2.9e-3 apart after two packed steps; such elements are isolated, and in a second step their change
+    # perturbs every gradient a little (mean difference 2.3e-7 = 6.2e-6 of the mean step there, against ~1e-9 after
+    # one step). A real difference between two computations (a sample attended wrong, a position off, a tensor not
+    # saved) moves whole rows or tensors, and the metrics above differ with it. So: at most 1e-5 of the elements
+    # (32 here) beyond 1e-2 of the largest step, and a mean difference under 1e-4 of the mean step (16x the mean
+    # measured with that 2.9e-3 element; an element cannot move more than the largest step, 16x it).
+    diff = {n: (wa[n].double() - wb[n].double()).abs() for n in wa}
     step = torch.cat([(wa[n].double() - w0[n].double()).abs().flatten() for n in wa])
     assert float(step.mean()) > 0.01  # the step moved the weights, so agreeing is not trivial
-    assert float(diff.max()) < 1e-2 * float(step.max()), float(diff.max())
-    assert float(diff.mean()) < 1e-5 * float(step.mean()), float(diff.mean())
+    bound = 1e-2 * float(step.max())
+    over = {n: (int((d > bound).sum()), float(d.max())) for n, d in diff.items() if float(d.max()) > bound}
+    assert sum(count for count, _ in over.values()) <= 1e-5 * step.numel(), \
+        f"elements differing by more than {bound:.3g} (count, largest) per tensor: {over}"
+    mean = float(torch.cat([d.flatten() for d in diff.values()]).mean())
+    assert mean < 1e-4 * float(step.mean()), mean
 
 
 def checkpoint_tensors(folder: Path, target: Path) -> dict:
