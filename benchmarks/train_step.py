@@ -30,8 +30,8 @@ RESULTS = Path(__file__).parent / "results"
 PROMPTS, SAMPLES, PROMPT_LEN, RESPONSE_LEN = 4, 8, 45, 24
 
 
-def batches(vocab: int, seed: int = 0, prompts_per_micro: int = 1) -> list[dict[str, torch.Tensor]]:
-    """Micro-batches of `prompts_per_micro` prompts' 8 samples each (the demo: 1, --micro_train_batch_size 8),
+def batches(vocab: int, seed: int = 0, prompts_per_micro: int = 4) -> list[dict[str, torch.Tensor]]:
+    """Micro-batches of `prompts_per_micro` prompts' 8 samples each (the demo: 4, --micro_train_batch_size 32),
     left-padded prompt + right-padded response (the worker's layout)."""
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -79,13 +79,28 @@ def step(model, optimizer, master, mbs, mask_dtype) -> None:
         ratio = torch.exp(log_probs - log_probs.detach())
         loss = -(ratio * mb["advantages"] * mb["action_mask"]).sum() / tokens
         loss.backward()
-    params = list((master.masters if master is not None else model).parameters())
-    torch.nn.utils.clip_grad_norm_(params, 1.0)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    if master is not None:
-        step.count += 1  # type: ignore[attr-defined]
+    if master is None:
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return
+    # as rlhfkit.engine.train_engine.TrainEngine.optimizer_step does for masters: the clip folded into the step, and
+    # on a CPU AdamW's step and the stochastic rounding into the bf16 copy in one pass
+    from rlhfkit.engine.adamw_round import adamw_step_and_round, fuses_adamw_and_rounding
+    from rlhfkit.engine.train_engine import clip_divisor
+
+    master.masters_with_grads()
+    grads = [p.grad for p in master.masters.parameters() if p.grad is not None]
+    unscale = clip_divisor(torch.nn.utils.get_total_norm(grads), 1.0)
+    step.count += 1  # type: ignore[attr-defined]
+    if fuses_adamw_and_rounding(optimizer, master):
+        adamw_step_and_round(optimizer, master, step.count, grad_scale=unscale)  # type: ignore[attr-defined]
+    else:
+        optimizer.grad_scale = unscale  # type: ignore[attr-defined]  # read by torch's fused AdamW step
+        optimizer.step()
+        del optimizer.grad_scale  # type: ignore[attr-defined]
         master.sync_to_model(step=step.count)  # type: ignore[attr-defined]
+    master.end_step()
 
 
 step.count = 0  # type: ignore[attr-defined]  # optimizer steps taken (seeds stochastic rounding)
@@ -95,13 +110,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--paths", default="fp32,fsdp-bf16,bf16-master")
-    parser.add_argument("--prompts_per_micro", type=int, default=1,
-                        help="prompts (of 8 samples) per micro-batch: 1 is the demo's --micro_train_batch_size 8")
+    parser.add_argument("--prompts_per_micro", type=int, default=4,
+                        help="prompts (of 8 samples) per micro-batch: 4 is the demo's --micro_train_batch_size 32")
     parser.add_argument("--profile", action="store_true", help="a torch.profiler table per path (one step)")
     args = parser.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    from rlhfkit.engine.host_memory import retain_freed_host_memory
+
+    retain_freed_host_memory()  # as every training process does (rlhfkit.engine.host_memory)
     from rlhfkit.models.loading import resolve_pretrain
     from rlhfkit.observability.mfu import FlopModel  # noqa: F401  (the same FLOP count as perf/mfu_training)
 

@@ -122,6 +122,9 @@ class TrainEngine:
         if self.steps_and_rounds:
             assert self.master is not None and isinstance(self.optimizer, torch.optim.AdamW)  # steps_and_rounds
             adamw_step_and_round(self.optimizer, self.master, step, grad_scale=unscale)
+            # the step torch's wrapped optimizer.step() would record: else the scheduler warns in every run's log
+            # that it stepped before the optimizer
+            self.optimizer._opt_called = True  # type: ignore[attr-defined]
         elif unscale is None:
             self.optimizer.step()
         else:
