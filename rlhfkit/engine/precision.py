@@ -9,7 +9,8 @@ auto = bf16 where the device computes it natively, fp32 elsewhere:
 
 The probe (two matmul sizes per dtype, well under a second) is cached per machine (CPU model, capability, torch
 version, thread count) under `$RLHFKIT_CACHE` (default `~/.cache/rlhfkit`), so every process after the first
-reads the file. Its rates are also the ceilings the MFU figures are computed against.
+reads the file; a probe taken on a busy machine (its threads short of the cores: `cpu_share`) is not cached, and
+sets no ceiling. Its rates are also the ceilings the MFU figures are computed against.
 
 `RLHFKIT_AUTO_DTYPE=fp32|bf16` pins what auto means (the test suite pins fp32, so its tolerances hold on every
 CPU; the precision tests lift the pin). The manifest records the pin as the reason.
@@ -38,6 +39,7 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.flo
 _PROBE_SIZE = 512
 _PROBE_SECONDS = 0.08   # per dtype, once the first matmul shows it is fast
 _SLOW_GFLOPS = 8.0      # a bf16 rate below this is emulation: stop probing after one small matmul
+_MIN_CPU_SHARE = 0.75   # a probe whose threads ran for less of its time than this shared the cores (cpu_share)
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,13 @@ def measure_matmul_gflops(dtype: torch.dtype, device: str = "cpu", size: int = _
     return best(size, 3, _PROBE_SECONDS)
 
 
+def _probe_key() -> dict[str, Any]:
+    """What a cached probe is valid for: the CPU, torch's capability and version, the thread count."""
+    capability, _ = cpu_bf16_capability()
+    return {"cpu": cpu_model_name(), "capability": capability, "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "probe": f"v3-{_PROBE_SIZE}"}  # v3: best single matmul
+
+
 def _cache_file(key: dict[str, Any]) -> Path:
     root = Path(os.environ.get("RLHFKIT_CACHE") or Path.home() / ".cache" / "rlhfkit")
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -128,9 +137,7 @@ def _cache_file(key: dict[str, Any]) -> Path:
 def cpu_matmul_rates() -> dict[str, Any]:
     """This CPU's fp32 and bf16 matmul rates at the current thread count, measured once per machine (cached;
     concurrent processes wait on a file lock instead of probing at the same time and halving each other's rate)."""
-    capability, _ = cpu_bf16_capability()
-    key = {"cpu": cpu_model_name(), "capability": capability, "torch": torch.__version__,
-           "threads": torch.get_num_threads(), "probe": f"v3-{_PROBE_SIZE}"}  # v3: best single matmul
+    key = _probe_key()
     path = _cache_file(key)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
@@ -139,16 +146,44 @@ def cpu_matmul_rates() -> dict[str, Any]:
             cached = json.loads(path.read_text())
             if cached.get("key") == key:
                 return cached
-        rates: dict[str, Any] = {"key": key, "fp32_gflops": round(measure_matmul_gflops(torch.float32), 2),
-                 "bf16_gflops": round(measure_matmul_gflops(torch.bfloat16), 2)}
-        if rates["fp32_gflops"] < _SLOW_GFLOPS:  # no AVX2-class CPU is this slow: other processes held the cores
-            log.warning("precision probe: fp32 matmul ran at %.1f GFLOP/s, so the machine was busy; deciding from "
-                        "the CPU's flags, and probing again in the next run", rates["fp32_gflops"])
+        cpu_began, began = time.process_time(), time.perf_counter()
+        fp32 = measure_matmul_gflops(torch.float32)
+        share = cpu_share(time.process_time() - cpu_began, time.perf_counter() - began, torch.get_num_threads())
+        rates: dict[str, Any] = {"key": key, "fp32_gflops": round(fp32, 2),
+                                 "bf16_gflops": round(measure_matmul_gflops(torch.bfloat16), 2),
+                                 "cpu_share": round(share, 3)}
+        # Busy: other processes held the cores. No AVX2-class CPU computes fp32 this slowly; and a probe whose
+        # threads ran for less than _MIN_CPU_SHARE of its time shared the cores (its best matmul may still read
+        # anything from 1 to 160 GFLOP/s: measured on a 130 GFLOP/s AMD EPYC beside 1-2 busy processes, share
+        # 0.33-0.51; alone 0.96-1.0). Such rates decide nothing and are not kept as the MFU ceiling.
+        if rates["fp32_gflops"] < _SLOW_GFLOPS or share < _MIN_CPU_SHARE:
+            log.warning("precision probe: fp32 matmul ran at %.1f GFLOP/s with %.0f%% of its threads' time on the "
+                        "cores, so the machine was busy; deciding from the CPU's flags, reporting no MFU, and "
+                        "probing again in the next run", rates["fp32_gflops"], 100 * share)
             return {**rates, "contended": True}  # not cached
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(rates))
         tmp.replace(path)
         return rates
+
+
+def cpu_share(cpu_seconds: float, wall_seconds: float, threads: int) -> float:
+    """The fraction of `threads` x `wall_seconds` that the process's threads ran (CPU time over wall time): near 1
+    for a multi-threaded matmul alone on its cores, about 1 / (1 + busy processes per core) beside others. 1.0 where
+    the span is too short to tell (under a millisecond)."""
+    if wall_seconds < 1e-3:
+        return 1.0
+    return cpu_seconds / (wall_seconds * max(threads, 1))
+
+
+def forget_cpu_rates() -> Path | None:
+    """Delete this machine's cached probe (at the current thread count), so the next run measures again; the path
+    deleted, or None where none was cached. For a run that finds the cached ceiling wrong (a stage faster than it)."""
+    path = _cache_file(_probe_key())
+    if not path.exists():
+        return None
+    path.unlink(missing_ok=True)
+    return path
 
 
 def _cpu_precision(requested: str) -> Precision:
@@ -169,7 +204,9 @@ def _cpu_precision(requested: str) -> Precision:
     else:
         reason = f"auto: no native bf16 on this CPU ({facts})"
     dtype = requested if requested != "auto" else ("bf16" if native else "fp32")
-    return Precision(dtype, requested, "cpu", cpu_model_name(), capability, native, fp32, bf16, reason)
+    # rates read beside other work are no ceiling: MFU is not reported rather than overstated
+    fp32_ceiling, bf16_ceiling = (None, None) if contended else (fp32, bf16)
+    return Precision(dtype, requested, "cpu", cpu_model_name(), capability, native, fp32_ceiling, bf16_ceiling, reason)
 
 
 def _rate(gflops: float) -> str:

@@ -10,12 +10,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -243,9 +244,27 @@ def stage_utilisation(s: RLSetup, exp: Experience, timer: Timer) -> dict[str, fl
         flops.forward(tokens, 0) * (s.critic is not None)
     for stage, done in (("training", train * cfg.max_epochs), ("log_probs", forward)):
         value = mfu(done, seconds.get(stage, 0.0), ceiling, devices)
+        if value is not None and value > 1.0 and precision.device == "cpu":
+            _forget_a_wrong_ceiling(stage, value, ceiling)
+            # no ceiling for the rest of this run: no MFU rather than a wrong one
+            s.plan = dataclasses.replace(s.plan, precision=dataclasses.replace(
+                cast(Any, precision), fp32_gflops=None, bf16_gflops=None))
+            return out
         if value is not None and done > 0:
             out[f"perf/mfu_{stage}"] = value
     return out
+
+
+def _forget_a_wrong_ceiling(stage: str, value: float, ceiling: float | None) -> None:
+    """A stage computed faster than the CPU's measured matmul ceiling: the cached probe was read on a busy machine.
+    Say so and delete it (the next run measures again); the caller reports no MFU from here on."""
+    from rlhfkit.engine.precision import forget_cpu_rates
+
+    path = forget_cpu_rates()
+    log.warning("perf/mfu_%s would read %.0f%%: this stage ran faster than the matmul ceiling the precision probe "
+                "measured (%s GFLOP/s), so that probe ran beside other work. MFU is not reported for the rest of "
+                "this run; the cached probe %s, and the next run measures the ceiling again.", stage, 100 * value,
+                ceiling, f"({path}) is deleted" if path is not None else "is already gone")
 
 
 def packed_tokens(exp: Experience) -> float:

@@ -194,6 +194,44 @@ def test_a_probe_on_a_busy_machine_is_not_cached_and_the_flags_decide(unpinned, 
     assert precision.resolve_precision("auto", "cpu").dtype == "fp32"
 
 
+def test_cpu_share_is_cpu_time_over_the_threads_wall_time():
+    assert precision.cpu_share(1.0, 1.0, 2) == pytest.approx(0.5)   # two threads that ran half the time
+    assert precision.cpu_share(0.2, 0.1, 2) == pytest.approx(1.0)   # both threads the whole time
+    assert precision.cpu_share(0.0, 1e-4, 2) == 1.0                 # too short to tell
+
+
+def test_a_probe_beside_busy_processes_is_not_cached_and_sets_no_ceiling(unpinned):
+    """Real contention: one busy process per core while the probe runs. Its best single matmul can still read near
+    the quiet rate (or far below it), so the rate alone cannot tell; the threads' share of the cores can
+    (measured on a 2-core AMD EPYC: 0.33-0.51 beside busy processes, 0.96-1.0 alone; the bound is 0.75)."""
+    import subprocess
+    import sys
+
+    from rlhfkit.engine.cpu_threads import node_cores
+
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(node_cores())]
+    try:
+        rates = precision.cpu_matmul_rates()
+        choice = precision.resolve_precision("auto", "cpu")
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+    assert rates["contended"] and rates["cpu_share"] < 0.75
+    assert not list(unpinned.glob("precision/*.json"))          # the next run probes again
+    assert "busy during the probe" in choice.reason and choice.ceiling_gflops() is None  # so no MFU is reported
+    quiet = precision.cpu_matmul_rates()                         # alone: kept, and a ceiling again
+    assert "contended" not in quiet and quiet["cpu_share"] >= 0.75 and list(unpinned.glob("precision/*.json"))
+
+
+def test_forget_cpu_rates_deletes_the_cached_probe(unpinned, monkeypatch):
+    fake_machine(monkeypatch, AVX2, fp32=170.0, bf16=1.3)
+    precision.cpu_matmul_rates()
+    (cached,) = unpinned.glob("precision/*.json")
+    assert precision.forget_cpu_rates() == cached and not cached.exists()
+    assert precision.forget_cpu_rates() is None
+
+
 def test_the_ray_driver_never_creates_a_cuda_context(unpinned, monkeypatch):
     """A CUDA context in the driver takes GPU memory that colocated engines and trainers count on."""
     def no_cuda(*args, **kwargs):
