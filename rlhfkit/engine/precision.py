@@ -234,7 +234,8 @@ _RESOLVED: dict[tuple, Precision] = {}
 
 
 def resolve_precision(requested: str, device_type: str, touch_device: bool = True) -> Precision:
-    """What `--param_dtype requested` means on a `device_type` ("cpu" or "cuda") device; memoised per process.
+    """What `--param_dtype requested` means on a `device_type` ("cpu" or "cuda") device; memoised per process, except a
+    CPU probe taken on a busy machine (no ceiling), which the next call repeats.
     `touch_device=False`: never initialise CUDA here (the Ray driver of an online run)."""
     if requested not in ("auto", *TORCH_DTYPES):
         raise ValueError(f"--param_dtype {requested!r}: expected auto, bf16, fp16 or fp32")
@@ -246,6 +247,8 @@ def resolve_precision(requested: str, device_type: str, touch_device: bool = Tru
         choice = _cuda_precision(requested, touch_device) if device_type == "cuda" else _cpu_precision(requested)
         if pinned:  # the hardware facts stay measured (MFU needs the ceiling); the decision is the pin's
             choice = replace(choice, dtype=pinned, reason=f"auto pinned to {pinned} by RLHFKIT_AUTO_DTYPE")
+        if device_type == "cpu" and choice.fp32_gflops is None:  # probed on a busy machine: probe again next call
+            return choice
         _RESOLVED[key] = choice
     return _RESOLVED[key]
 

@@ -220,8 +220,10 @@ def test_a_probe_beside_busy_processes_is_not_cached_and_sets_no_ceiling(unpinne
     assert rates["contended"] and rates["cpu_share"] < 0.75
     assert not list(unpinned.glob("precision/*.json"))          # the next run probes again
     assert "busy during the probe" in choice.reason and choice.ceiling_gflops() is None  # so no MFU is reported
-    quiet = precision.cpu_matmul_rates()                         # alone: kept, and a ceiling again
-    assert "contended" not in quiet and quiet["cpu_share"] >= 0.75 and list(unpinned.glob("precision/*.json"))
+    # alone, in the same process: probed again and kept (three tries: a test machine has background work of its own)
+    quiet = next((choice for choice in (precision.resolve_precision("auto", "cpu") for _ in range(3))
+                  if choice.ceiling_gflops()), None)
+    assert quiet is not None and list(unpinned.glob("precision/*.json"))
 
 
 def test_forget_cpu_rates_deletes_the_cached_probe(unpinned, monkeypatch):
