@@ -50,7 +50,7 @@ def batches(vocab: int, seed: int = 0, prompts_per_micro: int = 4,
             for i in range(0, len(out), prompts_per_micro)]
 
 
-def demo_config(model_dir: str):
+def demo_config(model_dir: str) -> Any:
     """The demo's ppo config (`rlhfkit.cli.demo.DEMO_FLAGS`: its lr, AdamW, clip, rounding, seed), parsed as the
     command parses it."""
     from rlhfkit.cli.demo import DEMO_FLAGS
@@ -89,7 +89,8 @@ def build(path_name: str, model_dir: str) -> tuple[Any, torch.dtype]:
 
 
 class FsdpStep:
-    """The fsdp-bf16 path's model and optimizer, stepped as TrainEngine steps FSDP2 models (clip, step, zero)."""
+    """The fsdp-bf16 path's model and optimizer, stepped plainly (clip, step, zero): TrainEngine cannot build this path
+    (on one rank in bf16 it uses master weights), so this is not its step (which folds the clip into fused AdamW)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
