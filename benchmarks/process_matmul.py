@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from machine import machine_line, machine_record
 
 RESULTS = Path(__file__).parent / "results"
 # (rows, inner, columns): the step's matmuls at the demo's size, and the probe's square
@@ -91,11 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parent))
     import ray
-    from machine import machine_line, machine_record
 
     from rlhfkit.engine.cpu_threads import set_cpu_threads
 
